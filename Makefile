@@ -1,0 +1,29 @@
+# Two commands on a fresh machine with Python 3.11 and pip:
+#   make demo   creates .venv, then runs the main job
+#   make test   creates .venv, then runs the whole suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench-lp venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/otm demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+bench-lp: $(STAMP)
+	$(PY) analysis/bench_lp.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
