@@ -1,0 +1,162 @@
+r"""K-SEQ, the draft-selection rule of SpecTr (Sun et al., NeurIPS 2023).
+
+For k i.i.d. drafts :math:`x_1..x_k \sim q` (``draft``) and target :math:`p`
+(``target``), with a division factor :math:`\rho \in [1, k]`:
+
+.. math::
+
+    \beta(\rho) = \sum_x \min\!\left(q(x), \frac{p(x)}{\rho}\right), \qquad
+    g(\rho) = 1 - (1 - \beta(\rho))^k - \rho\, \beta(\rho).
+
+For i = 1..k accept :math:`x_i` w.p. :math:`\min(1, p(x_i) / (\rho q(x_i)))`; if
+all are rejected emit :math:`y \sim \mathrm{norm}\big((p - \min(p/\rho, q)\,
+p_{acc}/\beta)_+\big)` with :math:`p_{acc} = 1 - (1-\beta)^k`. The output law is
+exactly :math:`p` for every :math:`\rho` with :math:`g(\rho) \le 0`; the smallest
+such, :math:`\rho^*`, maximises acceptance, which is then
+:math:`\sum_x \min(p(x), \rho^* q(x)) \ge (1 - (1 - 1/k)^k)\, \alpha^*_{iid}`.
+
+SpecTr writes the draft as p and the target as q; theory.md section 2.2 maps
+the letters. :math:`\rho^*` is computed exactly (:func:`rho_star`): on each
+interval between consecutive breakpoints :math:`p(x)/q(x)` one has
+:math:`\beta(\rho) = A + B/\rho`, so :math:`g` is known in closed form there and
+is non-increasing (its derivative is :math:`-k(1-\beta)^{k-1}B/\rho^2 - A \le 0`);
+the bracketing interval is found from sorted prefix sums and the root in it by
+Brent's method to machine precision.
+
+>>> import numpy as np
+>>> round(rho_star([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
+1.463325
+>>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
+0.78533
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import brentq
+
+from ..laws import check_k, check_law
+from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+
+SAFETY = 1e-14
+"""rho* is rounded up by this relative amount so that g(rho) <= 0 holds in floating point."""
+
+
+def beta(target: np.ndarray, draft: np.ndarray, rho: float) -> float:
+    r""":math:`\beta(\rho) = \sum_x \min(q(x), p(x)/\rho)`."""
+    return float(np.minimum(draft, target / rho).sum())
+
+
+def _p_acc(b: float, k: int) -> float:
+    """1 - (1 - b)^k without cancellation for small b."""
+    if b >= 1.0:
+        return 1.0
+    return float(-np.expm1(k * np.log1p(-b)))
+
+
+def g(target: np.ndarray, draft: np.ndarray, k: int, rho: float) -> float:
+    """The validity function: the rule is valid iff g(rho) <= 0."""
+    b = beta(target, draft, rho)
+    return _p_acc(b, k) - rho * b
+
+
+def rho_star(target, draft, k: int) -> float:
+    """The smallest valid division factor, exactly (sorted breakpoints + Brent in the bracket)."""
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
+    k = check_k(k)
+    if k == 1 or g(target, draft, k, 1.0) <= 0.0:
+        return 1.0
+    pos = draft > 0
+    r = target[pos] / draft[pos]  # breakpoints p/q
+    order = np.argsort(r, kind="stable")
+    rs, ps, qs = r[order], target[pos][order], draft[pos][order]
+    cum_p = np.concatenate([[0.0], np.cumsum(ps)])  # B(rho) = sum of p over r < rho
+    suf_q = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])  # A(rho) = sum of q over r >= rho
+
+    def segment_g(rho: float, i: int) -> float:
+        a_, b_ = suf_q[i], cum_p[i]
+        bt = a_ + b_ / rho
+        return _p_acc(min(bt, 1.0), k) - (a_ * rho + b_)
+
+    inner = rs[(rs > 1.0) & (rs < k)]
+    points = np.concatenate([[1.0], inner, [float(k)]])
+    idx = np.searchsorted(rs, points, side="left")  # number of breakpoints < rho
+    gs = np.array([segment_g(pt, i) for pt, i in zip(points, idx)])
+    first = int(np.argmax(gs <= 0.0)) if (gs <= 0.0).any() else len(points) - 1
+    lo, hi = points[first - 1], points[first]
+    seg = int(np.searchsorted(rs, lo, side="right"))  # A, B constant on (lo, hi)
+    if segment_g(hi, seg) >= 0.0:
+        root = hi
+    else:
+        root = brentq(lambda x: segment_g(x, seg), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+    rho = min(float(k), root * (1.0 + SAFETY))
+    return rho
+
+
+def rho_star_bisect(target, draft, k: int, tol: float = 1e-12) -> float:
+    """SpecTr's bisection for rho* (upper end of the final bracket), for cross-checks."""
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
+    lo, hi = 1.0, float(k)
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if g(target, draft, k, mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _residual(target, draft, k, rho):
+    b = beta(target, draft, rho)
+    if b <= 0.0:
+        return target.copy()
+    return positive_part(target - np.minimum(target / rho, draft) * (_p_acc(b, k) / b))
+
+
+def law(target, draft, drafts, rho: float | None = None) -> np.ndarray:
+    """Exact output law given the k drafts; ``rho`` defaults to :func:`rho_star`."""
+    target, draft, d = check_inputs(target, draft, drafts)
+    k = d.size
+    rho = rho_star(target, draft, k) if rho is None else float(rho)
+    out = np.zeros_like(target)
+    stay = 1.0  # probability that every draft so far was rejected
+    for x in d:
+        a = min(1.0, target[x] / (rho * draft[x]))
+        out[x] += stay * a
+        stay *= 1.0 - a
+    out += stay * residual_law(_residual(target, draft, k, rho), target)
+    return out
+
+
+def sample(target, draft, drafts, rng: np.random.Generator, rho: float | None = None) -> Outcome:
+    """The K-SEQ loop: one uniform per draft, then one for the residual."""
+    target, draft, d = check_inputs(target, draft, drafts)
+    k = d.size
+    rho = rho_star(target, draft, k) if rho is None else float(rho)
+    for i, x in enumerate(d):
+        if accept(rng, target[x], rho * draft[x]):
+            return Outcome(int(x), i)
+    return Outcome(residual_sample(rng, _residual(target, draft, k, rho), target), None)
+
+
+def acceptance(target, draft, k: int) -> float:
+    r"""Closed-form acceptance at :math:`\rho^*`: :math:`\sum_x \min(p(x), \rho^* q(x))`."""
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
+    rho = rho_star(target, draft, k)
+    b = beta(target, draft, rho)
+    return _p_acc(b, k)
+
+
+def bind(target, scheme) -> Bound:
+    rho = rho_star(target, scheme.draft, scheme.k)
+
+    def _rho(d):
+        return rho if len(d) == scheme.k else None
+
+    return Bound(
+        lambda d: law(target, scheme.draft, d, _rho(d)),
+        lambda d, rng: sample(target, scheme.draft, d, rng, _rho(d)),
+    )
