@@ -10,7 +10,10 @@ Verification with target :math:`p`:
     \text{accept } x \text{ w.p. } \min\!\left(1, \frac{p(x)}{q'(x)}\right),
     \quad \text{else emit } y \sim r \propto p \cdot 1[D] + (p - q')_+ \cdot 1[\cdot\notin D].
 
-A token of ``D`` emitted from the residual counts as accepted (it is a draft).
+Since :math:`q'` is zero on ``D``, the residual is simply :math:`(p - q')_+`:
+greedy verification is single-draft speculative sampling of the last draft
+against the law it was drawn from, and a token of ``D`` emitted from the
+residual counts as accepted (it is a draft).
 The acceptance :math:`p(D) + \sum_{x \notin D} \min(p(x), q'(x))` is the optimum
 of the OTM LP for this draft law, which the tests check. For k = 1 this is
 ordinary speculative sampling.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..laws import check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample  # noqa: F401
 
 
 def law(target, draft, drafts) -> np.ndarray:
