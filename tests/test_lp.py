@@ -28,6 +28,8 @@ SCHEMES = {
     "spechub": lambda q, k: SpecHub(q, 2),
 }
 
+BACKENDS = ("highs", "cvxpy", "pot")
+
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
 
@@ -64,14 +66,16 @@ def check_plan(res, scheme, target, tol=1e-12):
     """The completed plan is a coupling of the scheme's law and the target, and its value is the LP's."""
     plan = res.plan
     assert plan.acceptance == res.value
-    assert abs(res.solver_value - res.value) < 1e-9
+    # the solver's own objective may exceed the optimum by its feasibility tolerance
+    # (1e-10 per constraint; 1.2e-9 seen on an unfolded iid case with masses down to 1e-15)
+    assert abs(res.solver_value - res.value) < 1e-8
     assert (plan.pi >= 0).all()
     assert (plan.hit_row_sums() <= plan.rows.mass * (1 + 1e-12) + 1e-300).all()
     assert (plan.hit_col_sums() <= target * (1 + 1e-12) + 1e-300).all()
     np.testing.assert_allclose(plan.output_law(), target, rtol=0, atol=tol)
     if res.dual_bound is not None:
         assert res.dual_bound >= plan.acceptance - 1e-12
-        assert res.dual_bound - res.value < 1e-9
+        assert res.dual_bound - res.value < 1e-8
     # averaged over the scheme's draws, the conditional laws give back the target
     tuples, probs = scheme.enumerate()
     laws = np.array([plan.conditional(t) for t in tuples])
@@ -95,7 +99,7 @@ def test_value_is_the_subset_formula_for_both_backends_and_folds(tq, k, name):
     scheme = make(name, draft, k)
     expected = brute_alpha(scheme, target)
     values = {}
-    for backend in ("highs", "cvxpy"):
+    for backend in BACKENDS:
         for fold in (True, False):
             res = solve_lp(scheme, target, backend=backend, fold=fold)
             assert res.backend == backend and res.folded == fold
@@ -123,7 +127,7 @@ def table_case(draw):
 def test_table_scheme_value_and_plan(case):
     scheme, target = case
     expected = brute_alpha(scheme, target)
-    for backend in ("highs", "cvxpy"):
+    for backend in BACKENDS:
         for fold in (True, False):
             res = solve_lp(scheme, target, backend=backend, fold=fold)
             assert abs(res.value - expected) < 1e-9
@@ -166,7 +170,7 @@ def test_single_draft_is_maximal_coupling(tq):
 def test_identical_laws_accept_everything(q, k, name):
     # every scheme here draws some token set whose law dominates q in the sense Q(H) <= q(H)
     scheme = make(name, q, k)
-    for backend in ("highs", "cvxpy"):
+    for backend in BACKENDS:
         assert abs(solve_lp(scheme, q, backend=backend).value - 1.0) < 1e-9
 
 
@@ -175,7 +179,7 @@ def test_identical_laws_accept_everything(q, k, name):
 def test_disjoint_supports_accept_nothing(a, b, k, data):
     target = np.concatenate([data.draw(law(a)), np.zeros(b)])
     draft = np.concatenate([np.zeros(a), data.draw(law(b))])
-    for backend in ("highs", "cvxpy"):
+    for backend in BACKENDS:
         res = solve_lp(IID(draft, k), target, backend=backend)
         assert res.value == 0.0  # no hit can land on a token of target mass 0
         assert abs(res.solver_value) < 1e-9
@@ -200,7 +204,7 @@ def test_point_mass_target_accepts_with_probability_of_being_drafted(q, k, name,
 
 
 @pytest.mark.parametrize("tiny", [1e-7, 1e-9, 1e-12, 0.0])
-@pytest.mark.parametrize("backend", ["highs", "cvxpy"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_tiny_masses_solve_without_false_infeasible(tiny, backend):
     tuples = np.array([[0, 1], [2, 2], [1, 3], [3, 3]])
     probs = np.array([0.6 - tiny, tiny, 0.4 - tiny, tiny])
