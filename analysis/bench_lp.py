@@ -1,8 +1,10 @@
 """Benchmark of the exact OTM LP (otm.lp.solve_lp) against POT's network simplex.
 
 For each (V, k) and scheme, a Dirichlet(1) target and draft are drawn with a
-fixed seed and every method is run ``--repeats`` times; the table gives the
-median wall time and the value each method found, so one sees they agree.
+fixed seed; every method is called once to warm up, then ``--repeats`` rounds
+call every method once each (interleaved, so a slow spell of a shared machine
+hits all methods alike). The table gives the median and range of the wall
+times and the value each method found, so one sees they agree.
 
 Methods
 -------
@@ -19,7 +21,7 @@ pot emd2 dense tuples
     enumeration and ``M`` are built outside the timer; their time is listed apart).
 
 LP times are ``LPResult.seconds``: the whole call (rows of the scheme, matrix
-build, HiGHS solve, plan repair). ``closed form`` is the sort-by-ratio prefix
+build, solve, plan repair and dual bound). ``closed form`` is the sort-by-ratio prefix
 formula of theory section 3.2 (iid only), an independent check of the values.
 
 Usage: ``.venv/bin/python analysis/bench_lp.py [--repeats 5] [--seed 0]``
@@ -79,15 +81,28 @@ def pot_problem(scheme):
     return probs, M
 
 
-def time_it(fn, repeats: int):
-    """Median seconds and last result of ``fn`` (which returns (seconds or None, value)), after one warm-up call."""
-    fn()
-    times, value = [], None
-    for _ in range(repeats):
+def method_runner(scheme, target, method):
+    """A zero-argument callable returning (seconds, value, note) for one run of ``method``."""
+    if method == DENSE_POT:
         t = time.perf_counter()
-        seconds, value = fn()
-        times.append(time.perf_counter() - t if seconds is None else seconds)
-    return statistics.median(times), value
+        probs, M = pot_problem(scheme)
+        build = time.perf_counter() - t
+        note = f"M {probs.size:,}x{scheme.V}, built in {build:.3f} s (not timed)"
+
+        def run():
+            t = time.perf_counter()
+            value = 1.0 - float(ot.emd2(probs, target, M, numItermax=10_000_000))
+            return time.perf_counter() - t, value, note
+
+        return run
+    backend, fold = method
+
+    def run():
+        res = solve_lp(scheme, target, backend=backend, fold=fold)
+        gap = res.dual_bound - res.value if res.dual_bound is not None else float("nan")
+        return res.seconds, res.value, f"{res.n_variables:,} vars, dual gap {gap:.0e}"
+
+    return run
 
 
 def conditions(args) -> list[str]:
@@ -96,7 +111,8 @@ def conditions(args) -> list[str]:
         f"{os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))})",
         f"- python {platform.python_version()}, numpy {np.__version__}, cvxpy {cvxpy.__version__}, "
         f"highspy {highspy.Highs().version()}, POT {ot.__version__}",
-        f"- seed {args.seed}, repeats {args.repeats} after one warm-up call (median shown), laws Dirichlet(1) drawn per case "
+        f"- seed {args.seed}, repeats {args.repeats} after one warm-up call, methods interleaved round by round "
+        "(median and range shown), laws Dirichlet(1) drawn per case "
         "from one numpy Generator in the order of the table",
     ]
 
@@ -113,43 +129,43 @@ def main() -> None:
         target, draft = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
         instances.append((name, V, k, target, draft))
 
-    jobs = [(i, m) for i, (name, *_rest) in enumerate(instances) for m in LP_METHODS[name] + [DENSE_POT]]
-    bar = tqdm(jobs, desc="bench", unit="run") if tqdm else jobs
+    # per case: one warm-up call of every method, then `repeats` rounds running every
+    # method once per round (interleaved, so a slow spell of the machine hits all alike)
+    jobs = [(i, r) for i in range(len(instances)) for r in range(args.repeats + 1)]
+    bar = tqdm(jobs, desc="bench", unit="round") if tqdm else jobs
+    runners: dict = {}
+    times: dict = {}
     results: dict = {}
-    for i, method in bar:
+    for i, r in bar:
         name, V, k, target, draft = instances[i]
-        scheme = SCHEMES[name](draft, k)
-        if tqdm is None:
-            print(f"{name} V={V} k={k} {method}", flush=True)
-        if method == DENSE_POT:
-            t = time.perf_counter()
-            probs, M = pot_problem(scheme)
-            build = time.perf_counter() - t
-            secs, val = time_it(lambda: (None, 1.0 - float(ot.emd2(probs, target, M, numItermax=10_000_000))), args.repeats)
-            results[i, method] = (secs, val, f"M {probs.size:,}x{V}, built in {build:.3f} s")
-        else:
-            backend, fold = method
-
-            def run(backend=backend, fold=fold):
-                res = solve_lp(scheme, target, backend=backend, fold=fold)
-                return res.seconds, res
-
-            secs, res = time_it(run, args.repeats)
-            gap = res.dual_bound - res.value if res.dual_bound is not None else float("nan")
-            results[i, method] = (secs, res.value, f"{res.n_variables:,} vars, dual gap {gap:.0e}")
+        methods = LP_METHODS[name] + [DENSE_POT]
+        if r == 0:
+            scheme = SCHEMES[name](draft, k)
+            runners = {m: method_runner(scheme, target, m) for m in methods}
+            if tqdm is None:
+                print(f"{name} V={V} k={k}", flush=True)
+        for m in methods:
+            secs, value, note = runners[m]()
+            if r > 0:
+                times.setdefault((i, m), []).append(secs)
+            results[i, m] = (value, note)
 
     lines = conditions(args)
     lines += [
         "",
-        "| scheme | V | k | method | median s | value | closed form | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scheme | V | k | method | median s | min-max s | value | closed form | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i, (name, V, k, target, draft) in enumerate(instances):
         ref = f"{closed_form_iid(target, draft, k):.12f}" if name == "iid" else ""
         for method in LP_METHODS[name] + [DENSE_POT]:
-            secs, val, note = results[i, method]
+            val, note = results[i, method]
+            ts = times[i, method]
             label = "pot emd2 dense tuples" if method == DENSE_POT else f"{method[0]} {'folded' if method[1] else 'unfolded'}"
-            lines.append(f"| {name} | {V} | {k} | {label} | {secs:.4f} | {val:.12f} | {ref} | {note} |")
+            lines.append(
+                f"| {name} | {V} | {k} | {label} | {statistics.median(ts):.4f} | {min(ts):.4f}-{max(ts):.4f} "
+                f"| {val:.12f} | {ref} | {note} |"
+            )
     print("\n".join(lines))
 
 
