@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from otm.laws import OtmError
 from otm.lp import Plan, count_variables, rows_from_tuples_unfolded, solve_lp
-from otm.schemes import IID, Greedy, SpecHub, Table, WithoutReplacement, rows_from_tuples
+from otm.schemes import IID, Greedy, Scheme, SpecHub, Table, WithoutReplacement, rows_from_tuples
 from strategies import law, pair
 
 SCHEMES = {
@@ -92,7 +92,7 @@ def check_plan(res, scheme, target, tol=1e-12):
 # ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=80, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(pair(2, 6), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
 def test_value_is_the_subset_formula_for_both_backends_and_folds(tq, k, name):
     target, draft = tq
@@ -122,7 +122,7 @@ def table_case(draw):
     return Table(tuples, probs, V), target
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=80, **SETTINGS)
 @given(table_case())
 def test_table_scheme_value_and_plan(case):
     scheme, target = case
@@ -303,3 +303,36 @@ def test_plan_repair_makes_an_infeasible_solution_feasible():
     coupling = plan.coupling()
     np.testing.assert_allclose(coupling.sum(axis=1), rows.mass, atol=1e-15)
     np.testing.assert_allclose(coupling.sum(axis=0), target, atol=1e-15)
+
+
+class _Pairs(Scheme):
+    """A scheme class otm.lp does not know: two drafts, (i, i+1 mod V) with probability 1/V."""
+
+    name = "pairs"
+
+    def __init__(self, V: int):
+        self.V, self.k, self.draft = V, 2, None
+
+    def n_tuples(self) -> int:
+        return self.V
+
+    def n_sets(self) -> int:
+        return self.V
+
+    def _enumerate(self):
+        i = np.arange(self.V)
+        return np.stack([i, (i + 1) % self.V], axis=1), np.full(self.V, 1 / self.V)
+
+
+def test_a_scheme_class_without_a_variable_count_is_counted_from_its_rows():
+    scheme = _Pairs(5)
+    assert count_variables(scheme) is None
+    target = np.array([0.5, 0.5, 0.0, 0.0, 0.0])
+    res = solve_lp(scheme, target, backend="highs")
+    assert res.n_variables == 10
+    # rows {0,1}, {1,2}, {4,0} reach tokens 0 and 1: 3/5 of the draft mass, all of it usable
+    assert abs(res.value - brute_alpha(scheme, target)) < 1e-12 and abs(res.value - 0.6) < 1e-12
+    with pytest.raises(OtmError, match="would have 10 variables, more than max_variables=9"):
+        solve_lp(scheme, target, max_variables=9)
+    with pytest.raises(OtmError, match="at least 5 variables"):
+        solve_lp(scheme, target, max_variables=4)
