@@ -31,9 +31,10 @@ COMPUTE_DTYPES = (torch.float32, torch.float64)
 DECISION_DTYPE = torch.float64
 """dtype of uniforms, accept tests, CDFs and rho*."""
 
-SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 """Largest accepted ``|row sum - 1|`` per input dtype (``validate=True``); rows are then renormalised.
-float64 matches :data:`otm.laws.SUM_TOLERANCE`; half precisions round each mass by up to 2^-9."""
+float64 matches :data:`otm.laws.SUM_TOLERANCE`; half precisions round each mass by up to 2^-9 (bf16)
+or 2^-11 (fp16), and float32 laws are often such values upcast."""
 
 
 class Verified(NamedTuple):

@@ -269,8 +269,12 @@ def _forms(xp, k):
     return from_beta, from_excess
 
 
-def _finish(xp, sums: Sums, rho, k: int, mode: str, device) -> Rho:
-    """:class:`Rho` at ``rho`` (a host value of the backend): one more pass over V."""
+def _finish(xp, sums: Sums, rho, k: int, mode: str, device, small=None) -> Rho:
+    """:class:`Rho` at ``rho`` (a host value of the backend): one more pass over V.
+
+    The deficit -g(rho) is evaluated in the form the row was searched on (``small``:
+    the beta form; default: by beta(rho)), so its sign agrees with the search's.
+    """
     from_beta, from_excess = _forms(xp, k)
     if mode == "beta":  # the other sum from beta + S = 1/rho: absolute error ~1e-16, harmless in that regime
         beta = xp.call(sums.beta, rho)
@@ -280,8 +284,10 @@ def _finish(xp, sums: Sums, rho, k: int, mode: str, device) -> Rho:
         beta = xp.minimum(xp.maximum(1.0 / rho - s, 0.0), 1.0)
     else:
         beta, s = (xp.host(t) for t in sums.both(xp.tensor(rho, device)))
+    if small is None:
+        small = beta < BETA_FORM_BELOW
     with np.errstate(divide="ignore", invalid="ignore"):
-        deficit = xp.where(beta < BETA_FORM_BELOW, -from_beta(rho, beta), -from_excess(rho, s))  # -g(rho)
+        deficit = xp.where(small, -from_beta(rho, beta), -from_excess(rho, s))  # -g(rho)
         positive = beta > 0
         coef = xp.where(positive, xp.div(xp.p_acc(beta, k), beta), 0.0)
         eps = xp.where(positive, xp.minimum(xp.maximum(xp.div(deficit, rho * beta), 0.0), 1.0), 1.0)
@@ -350,6 +356,10 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
             move = xp.where(xp.abs(scur) > delta, scur, xp.where(sbis > 0, delta, -delta))
             xcur = xp.where(converged, xcur, xcur + move)  # converged rows evaluate xcur again: no change
             fcur = g(xcur)
-        valid = xp.where(fcur <= 0, xcur, xblk)  # the end of the final bracket where g <= 0 was evaluated
+        # the smallest point where g <= 0 was evaluated: an end of the final bracket once converged, and
+        # valid (if not yet tight) when the step cap stops the search first
+        top = float(k)
+        valid = xp.minimum(xp.where(fcur <= 0, xcur, top), xp.where(fpre <= 0, xpre, top))
+        valid = xp.minimum(valid, xp.where(fblk <= 0, xblk, top))
         rho = xp.where(at_one, 1.0, xp.where(at_top, float(k), xp.minimum(valid * (1.0 + SAFETY), float(k))))
-    return _finish(xp, sums, rho, k, mode, device)
+    return _finish(xp, sums, rho, k, mode, device, small)
