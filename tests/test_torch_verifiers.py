@@ -648,6 +648,28 @@ def test_kseq_residual_lies_where_p_exceeds_rho_q():
         assert not (drafts.numpy() == y[:, None]).any()
 
 
+@pytest.mark.parametrize("batch", [1, 40])
+def test_kseq_early_settling_equals_the_full_search(batch):
+    """On the CPU K-SEQ stops searching rho* once a bracket settles every row's first acceptance.
+
+    Given rho* itself (``rho=``, the full path), the same uniforms give the same tokens and indices.
+    """
+    rng = np.random.default_rng(13)
+    same = settled = 0
+    for trial in range(60 if batch == 1 else 4):
+        size, k = int(rng.choice([50, 3000])), int(rng.integers(2, 9))
+        target, draft = random_rows(rng, size, batch)
+        p, q = t(target), t(draft)
+        drafts = ot.sample_iid(q, k, generator=torch.Generator().manual_seed(trial))
+        u = t(rng.random((batch, k + 1)))
+        lazy = ot.kseq(p, q, drafts, uniforms=u)
+        full = ot.kseq(p, q, drafts, uniforms=u, rho=ot.rho_star(p, q, k))
+        same += torch.equal(lazy.token, full.token) and torch.equal(lazy.accepted, full.accepted)
+        settled += bool((lazy.accepted >= 0).all())
+    assert same == (60 if batch == 1 else 4)
+    assert settled > 20 or batch > 1  # at batch 1 most calls end early (all 40 rows accepting is rare)
+
+
 # -- input checks -----------------------------------------------------------------------------
 
 

@@ -301,8 +301,14 @@ def at(p: torch.Tensor, q: torch.Tensor, k: int, rho: torch.Tensor) -> Rho:
     return _finish(xp, Sums(p, q), host, k, "both", p.device)
 
 
-def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_MAX_ITERATIONS) -> Rho:
-    """rho* of float64 normalised rows ``p, q [batch, V]`` (see the module docstring)."""
+def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_MAX_ITERATIONS, stop=None) -> Rho | None:
+    """rho* of float64 normalised rows ``p, q [batch, V]`` (see the module docstring).
+
+    ``stop(lo, hi)``, optional (CPU only: it synchronises), is shown before every
+    step a bracket of the rho this search would return, per row (floats or numpy
+    arrays): ``lo <= rho <= hi``. When it returns True the search ends and returns
+    None (K-SEQ stops once every row's first acceptance is settled).
+    """
     batch, device = p.shape[0], p.device
     xp = _backend(p)
     sums = Sums(p, q)
@@ -345,6 +351,14 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
             converged = fixed | (fcur == 0) | (xp.abs(sbis) < delta)
             if step % xp.sync_every == 0 and xp.all(converged):
                 break
+            if stop is not None:
+                # the root lies between the end with g > 0 and the end with g <= 0; the result will be
+                # the smallest point with g <= 0 seen, times (1 + SAFETY), capped at k
+                lo = xp.where(fcur > 0, xcur, xblk)
+                hi = xp.minimum(xp.where(fcur > 0, xblk, xcur) * (1.0 + SAFETY), float(k))
+                fixed_rho = xp.where(at_one, 1.0, float(k))
+                if stop(xp.where(fixed, fixed_rho, lo), xp.where(fixed, fixed_rho, hi)):
+                    return None
             secant = xp.div(-fcur * (xcur - xpre), fcur - fpre)
             dpre, dblk = xp.div(fpre - fcur, xpre - xcur), xp.div(fblk - fcur, xblk - xcur)
             inverse_quadratic = xp.div(-fcur * (fblk * dblk - fpre * dpre), dblk * dpre * (fblk - fpre))

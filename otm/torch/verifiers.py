@@ -32,6 +32,7 @@ Verified(token=tensor([0]), accepted=tensor([1]))
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _rho
@@ -140,6 +141,37 @@ def rho_star(target, draft, k: int, *, validate=True, max_iterations: int = _rho
     return _rho.search(p, q, k, max_iterations).rho
 
 
+class _FirstAcceptance:
+    """Is every row's K-SEQ outcome an acceptance already settled by a bracket ``lo <= rho <= hi``?
+
+    The accept test ``u * (rho * q(x)) < p(x)`` is monotone in rho in floating point too
+    (rounding is monotone): it passes for every rho <= hi if it passes at hi, and fails for
+    every rho >= lo if it fails at lo. A row is settled when its first draft not failing at
+    ``lo`` passes at ``hi``; ``lo``, ``hi`` are widened by 1e-12 (relative) for the rounding
+    of the search. Rows where every draft might be rejected need rho* itself (the residual).
+    """
+
+    MARGIN = 1e-12
+
+    def __init__(self, p, q, d, u, k):
+        self.num = p.gather(1, d).to(DECISION_DTYPE).numpy()  # [batch, k], as accept_test sees them
+        self.q = q.gather(1, d).to(DECISION_DTYPE).numpy()  # [batch, k]
+        self.u = u[:, :k].numpy()  # [batch, k]
+        self.index = None
+
+    def __call__(self, lo, hi) -> bool:
+        lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))[:, None] * (1.0 - self.MARGIN)
+        hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))[:, None] * (1.0 + self.MARGIN)
+        might_pass = self.u * (lo * self.q) < self.num  # [batch, k]: not rejected at every rho in the bracket
+        first = might_pass.argmax(1)  # [batch]
+        rows = np.arange(first.size)
+        settled = might_pass[rows, first] & (self.u * (hi * self.q) < self.num)[rows, first]
+        if settled.all():
+            self.index = first
+            return True
+        return False
+
+
 def kseq(
     target, draft, drafts, *, uniforms=None, generator=None, rho=None, compute_dtype=None, validate=True
 ) -> Verified:
@@ -151,9 +183,17 @@ def kseq(
     with :math:`\beta = \beta(\rho)`, :math:`p_{acc} = 1 - (1-\beta)^k`.
     :math:`\rho` defaults to :func:`rho_star` (computed in float64). Twin of
     :func:`otm.verifiers.kseq.sample`; the residual is evaluated as
-    :math:`\max(p - c\,q,\ p\,(1 - c/\rho),\ 0)`, :math:`c = p_{acc}/\beta`, the
-    same expression without the cancellation of :math:`p - (p/\rho) c` (exact zero
-    where numpy rounds to ~1e-16).
+    :math:`\max(p - c\,q,\ p\,\epsilon,\ 0)` with :math:`c = p_{acc}/\beta` and
+    :math:`\epsilon = 1 - c/\rho = -g(\rho)/(\rho\beta)` taken from the search, the same
+    expression without the cancellation of numpy's :math:`p - (p/\rho)\,c` on the
+    tokens with :math:`p < \rho q` (where it is ~1e-14 p at :math:`\rho^*(1 + \mathrm{SAFETY})`).
+
+    On the CPU, where synchronising costs nothing, the search for :math:`\rho^*`
+    stops as soon as its bracket settles every row's outcome as an acceptance (the
+    accept test is monotone in :math:`\rho`): same tokens and indices as with
+    :math:`\rho^*` to full precision, without the last search steps and without the
+    residual. Elsewhere the full search runs, with no synchronisation but one every
+    few steps.
 
     Parameters
     ----------
@@ -169,7 +209,14 @@ def kseq(
     k = d.shape[1]
     p64, q64 = p.to(DECISION_DTYPE), q.to(DECISION_DTYPE)  # [batch, V] (no copy when float64)
     if rho is None:
-        rho, beta, c, eps = _rho.search(p64, q64, k)  # [batch] each
+        # on the CPU (no device to synchronise with) the search stops as soon as a bracket of rho*
+        # settles every row's first acceptance: the same outcome, without the last steps and the residual
+        settle = _FirstAcceptance(p, q, d, u, k) if p.device.type == "cpu" else None
+        found = _rho.search(p64, q64, k, stop=settle)
+        if found is None:
+            index = torch.from_numpy(settle.index).to(d.device)  # [batch]
+            return Verified(d.gather(1, index.unsqueeze(1)).squeeze(1), index)
+        rho, beta, c, eps = found  # [batch] each
     else:
         rho = torch.as_tensor(rho, dtype=DECISION_DTYPE, device=p.device).expand(p.shape[0]).contiguous()
         rho, beta, c, eps = _rho.at(p64, q64, k, rho)
