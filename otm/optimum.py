@@ -1,0 +1,634 @@
+r"""The exact optimum :math:`\alpha^*` of the OTM problem in closed form, at real vocabulary sizes.
+
+The optimal membership acceptance of a draft scheme with tuple law :math:`P`
+against a target law :math:`p` is, by LP duality and total unimodularity
+(Hu et al., ICLR 2025; theory section 3.1), a minimum cut:
+
+.. math::
+
+    \alpha^*(p, P) = \min_{H \subseteq \Sigma} \; p(H) + 1 - Q(H),
+    \qquad Q(H) = P(\text{all } k \text{ drafts lie in } H).
+
+For ``iid`` and ``without_replacement`` drafts the minimum is attained on a
+prefix :math:`H_j` of the tokens sorted by the ratio ``target / draft``
+ascending (theory section 3.2), so
+
+.. math::
+
+    \alpha^* = \min_{0 \le j \le V} \; p(H_j) + 1 - Q(H_j),
+
+an :math:`O(V \log V)` sort and one scan, given :math:`Q(H_j)` for every prefix:
+
+* ``iid``: :math:`Q(H) = q(H)^k`, with the complement mass taken from suffix
+  sums (no ``1 - prefix`` cancellation);
+* ``without_replacement``, k = 1, 2: exact running sums,
+  :math:`Q(H) = \sum_{a \in H} q_a\, q(H \setminus a) / (1 - q_a)` for k = 2;
+* ``without_replacement``, k >= 3: the exponential race. Successive sampling
+  is the order of independent clocks :math:`E_x \sim \mathrm{Exp}(q_x)`, so
+  with :math:`c = q(\Sigma \setminus H)` and :math:`F_H(t)` the probability
+  that at least k of the clocks of :math:`H` have rung by time t,
+
+  .. math::
+
+      Q(H) = \int_0^\infty c\, e^{-ct} F_H(t)\, dt
+           = \int_{-\infty}^{\infty} c\, e^{y - c e^y} F_H(e^y)\, dy .
+
+  The integrand is analytic and bounded in the strip
+  :math:`|\operatorname{Im} y| < \pi/2` and decays exponentially at both ends,
+  so the trapezoidal rule with step ``h`` converges like
+  :math:`e^{-\pi^2 / h}` (Trefethen & Weideman 2014). One grid of
+  ``y`` nodes serves every prefix: the truncated Poisson-binomial law of the
+  number of rung clocks is updated token by token in sorted order, and each
+  prefix is a dot product. The truncation of the line costs at most
+  :math:`10^{-17}` on each side (bounds in :func:`race_grid`); the
+  discretisation error is estimated by the rule with every other node
+  (step ``2h``) and reported as ``error_estimate``.
+
+``greedy`` and ``spechub`` have their own closed forms (theory sections 3.3
+and 5.1); the prefix property can fail for them.
+
+:func:`brute_force_optimum` is the reference: the minimum over all :math:`2^V`
+subsets with :math:`Q` from the scheme's enumeration (V <= 20), for any scheme.
+
+References
+----------
+.. [1] Z. Hu et al., "Towards Optimal Multi-draft Speculative Decoding",
+   ICLR 2025, arXiv:2502.18779.
+.. [2] Z. Sun et al., "SpecTr: Fast Speculative Decoding via Optimal
+   Transport", NeurIPS 2023, arXiv:2310.15141.
+.. [3] R. Sun et al., "SpecHub: Provable Acceleration to Multi-Draft
+   Speculative Decoding", EMNLP 2024, arXiv:2411.05289.
+.. [4] L. N. Trefethen and J. A. C. Weideman, "The exponentially convergent
+   trapezoidal rule", SIAM Review 56(3), 2014.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .laws import OtmError, check_k, check_law
+from .schemes import Greedy, Scheme, SpecHub, make_scheme
+
+QUADRATURE_STEP_SCALE = 0.19
+"""Default trapezoid step in ``y = log t`` is ``0.19 / k**0.25`` (0.144 at k = 3, 0.113 at k = 8).
+
+The Poisson-binomial tail sharpens in ``y`` like ``1/sqrt(k)``; this step keeps the
+check rule (step ``2h``) within about 1e-12 on peaked, Dirichlet(1) and uniform laws
+up to k = 16, so the finer rule that is returned sits at the rounding level.
+"""
+
+
+def default_step(k: int) -> float:
+    """The default race-quadrature step for ``k`` drafts: ``0.19 / k**0.25``."""
+    return QUADRATURE_STEP_SCALE / k**0.25
+
+QUADRATURE_TOLERANCE = 1e-10
+"""Largest accepted quadrature error estimate; above it the step is halved (twice at most), then a warning."""
+
+TRUNCATION = 1e-17
+"""Bound on the part of the race integral cut off at each end of the ``y`` grid."""
+
+BRUTE_FORCE_MAX_V = 20
+"""Largest vocabulary :func:`brute_force_optimum` enumerates (``2^V`` subsets)."""
+
+_BLOCK = 256  # tokens per block in the race scan (bounds the [block, grid] buffers)
+_UPPER = 45.0  # c_min * t_max: e^-45 = 3e-20 cut off, 45 e^-45 = 1e-18 first neglected node
+
+
+class QuadratureWarning(RuntimeWarning):
+    """The race quadrature's error estimate is above :data:`QUADRATURE_TOLERANCE`."""
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The optimum :math:`\\alpha^*` of one (scheme, target) pair and a set attaining it.
+
+    Attributes
+    ----------
+    value : float
+        :math:`\\alpha^* = p(H) + 1 - Q(H)` at the minimising ``H``.
+    scheme : str
+        Scheme name (``iid``, ``without_replacement``, ``greedy``, ``spechub``, ``table``).
+    k : int
+        Number of drafts.
+    H : ndarray, shape (V,), bool
+        A minimising set of the cut form (the dual variable ``v = 1_H``).
+    method : str
+        ``"prefix"`` (exact running sums), ``"prefix+race"`` (the k >= 3 race
+        quadrature), ``"closed_form"`` (greedy, spechub) or ``"brute_force"``.
+    error_estimate : float
+        0 for exact forms; for the race quadrature the largest
+        ``|T_h - T_2h|`` over the prefixes, an estimate of the error of the
+        coarser rule (the returned finer rule is more accurate still).
+    order : ndarray, shape (V,), int64, or None
+        The ratio order scanned (prefix methods only).
+    prefix_values : ndarray, shape (V + 1,), or None
+        :math:`p(H_j) + 1 - Q(H_j)` for every prefix ``j`` (prefix methods only).
+    """
+
+    value: float
+    scheme: str
+    k: int
+    H: np.ndarray
+    method: str
+    error_estimate: float = 0.0
+    order: np.ndarray | None = None
+    prefix_values: np.ndarray | None = None
+
+    @property
+    def prefix(self) -> int | None:
+        """``|H|`` when ``H`` is a prefix of ``order``, else ``None``."""
+        return None if self.order is None else int(self.H.sum())
+
+
+@dataclass(frozen=True)
+class Membership:
+    """:math:`Q(H_j)` for the prefixes ``H_j`` of an order, ``j = 0..V``.
+
+    ``inside[j] = Q(H_j)``; ``outside[j] = 1 - Q(H_j)`` (computed without
+    cancellation where the method allows: iid); ``error[j]`` the quadrature
+    error estimate (0 for exact forms); ``method`` ``"exact"`` or ``"race"``.
+    """
+
+    inside: np.ndarray
+    outside: np.ndarray
+    error: np.ndarray
+    method: str
+
+
+# -----------------------------------------------------------------------------
+# the ratio order
+# -----------------------------------------------------------------------------
+def ratio_order(target, draft) -> np.ndarray:
+    r"""Tokens sorted by :math:`\mathrm{target}(x) / \mathrm{draft}(x)` ascending.
+
+    ``draft = 0`` counts as ratio :math:`+\infty` (last), ``target = 0 < draft``
+    as 0; ties keep the lower index first (a stable sort).
+
+    Parameters
+    ----------
+    target : array_like, shape (V,)
+    draft : array_like, shape (V,)
+
+    Returns
+    -------
+    order : ndarray, shape (V,), int64
+
+    Examples
+    --------
+    >>> ratio_order([0.5, 0.3, 0.2], [0.2, 0.2, 0.6]).tolist()
+    [2, 1, 0]
+    """
+    target = np.asarray(target, dtype=np.float64)
+    draft = np.asarray(draft, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(draft > 0, target / np.where(draft > 0, draft, 1.0), np.inf)
+    return np.argsort(ratio, kind="stable").astype(np.int64)
+
+
+# -----------------------------------------------------------------------------
+# Q(H_j) along an order
+# -----------------------------------------------------------------------------
+def _suffix_sums(x: np.ndarray) -> np.ndarray:
+    """``s[j] = sum(x[j:])`` for ``j = 0..n`` (``s[n] = 0``), summed from the small end."""
+    s = np.zeros(x.size + 1)
+    s[: x.size] = np.cumsum(x[::-1])[::-1]
+    return s
+
+
+def _prefix_sums(x: np.ndarray) -> np.ndarray:
+    """``a[j] = sum(x[:j])`` for ``j = 0..n``."""
+    a = np.zeros(x.size + 1)
+    np.cumsum(x, out=a[1:])
+    return a
+
+
+def _iid_membership(qs: np.ndarray, k: int) -> Membership:
+    inside_mass = _prefix_sums(qs)  # q(H_j)
+    outside_mass = _suffix_sums(qs)  # c_j = q(complement), from the small end
+    small = outside_mass <= 0.5
+    with np.errstate(divide="ignore"):
+        log_in = k * np.log1p(-np.minimum(outside_mass, 0.5))
+    inside = np.where(small, np.exp(log_in), inside_mass**k)
+    outside = np.where(small, -np.expm1(log_in), 1.0 - inside_mass**k)
+    return Membership(inside, outside, np.zeros_like(inside), "exact")
+
+
+def _wo2_inside(qp: np.ndarray) -> np.ndarray:
+    """k = 2 without replacement over the positive masses ``qp`` (in scan order), prefixes 0..n."""
+    n = qp.size
+    star = int(np.argmax(qp))
+    rest = qp.copy()
+    rest[star] = 0.0
+    comp = 1.0 - qp  # 1 - q_a, exact enough when q_a <= 1/2 ...
+    comp[star] = float(np.sum(rest))  # ... and the big one's complement summed directly
+    a = _prefix_sums(qp)  # q(H_j)
+    r = _prefix_sums(rest)  # q(H_j minus the big token)
+    s1 = _prefix_sums(rest / comp)  # sum over a in H_j, a != star, of q_a / (1 - q_a)
+    s2 = _prefix_sums(rest * rest / comp)
+    inside = a * s1 - s2  # sum_{a != star} q_a (q(H) - q_a) / (1 - q_a)
+    has_star = np.arange(n + 1) > star
+    if comp[star] > 0:
+        inside = inside + np.where(has_star, qp[star] * r / comp[star], 0.0)
+    inside[:2] = 0.0
+    return np.clip(inside, 0.0, 1.0)
+
+
+def race_grid(k: int, c_min: float, step: float | None = None) -> np.ndarray:
+    r"""The ``y = log t`` nodes of the race quadrature.
+
+    The line is cut at :math:`t_\min` and :math:`t_\max` such that each cut-off
+    part of :math:`Q(H) = \int c e^{-ct} F_H(t) dt` is at most
+    :math:`T` = :data:`TRUNCATION` for every prefix whose complement mass is
+    at least ``c_min``:
+
+    * below: :math:`F_H(t) \le (q(H) t)^k / k!`, so the part below
+      :math:`t_\min` is at most :math:`c\, q(H)^k t_\min^{k+1} / (k+1)! \le
+      t_\min^{k+1} / (k+1)! = T`;
+    * above: :math:`\int_{t_\max}^\infty c e^{-ct} dt = e^{-c t_\max} \le
+      e^{-c_\min t_\max}`, with :math:`c_\min t_\max = 45`
+      (:math:`e^{-45} < 3 \cdot 10^{-20}`).
+
+    The trapezoid's own neglected nodes are bounded alike: below by
+    :math:`h\,(k+1)\,T / (e^{(k+1)h} - 1) \le T` (the integrand is at most
+    :math:`t^{k+1}/k!`), above by about :math:`h \cdot 45 e^{-45} < 10^{-18}`.
+    The node count is even plus one, so every other node is the step-``2h``
+    rule that checks the step-``h`` rule.
+
+    Parameters
+    ----------
+    k : int
+        Number of drafts.
+    c_min : float
+        Smallest positive complement mass among the prefixes evaluated.
+    step : float, optional
+        Trapezoid step ``h`` (default :func:`default_step`).
+
+    Returns
+    -------
+    y : ndarray, shape (G,)
+
+    Examples
+    --------
+    >>> y = race_grid(3, 1e-6)
+    >>> round(float(y[0]), 3), round(float(y[-1]), 3), y.size
+    (-8.991, 17.861, 187)
+    """
+    step = default_step(k) if step is None else float(step)
+    t_min = (math.factorial(k + 1) * TRUNCATION) ** (1.0 / (k + 1))
+    y0 = math.log(t_min)
+    y1 = math.log(_UPPER) - math.log(c_min)
+    m = 2 * math.ceil((y1 - y0) / (2 * step))
+    return y0 + step * np.arange(m + 1)
+
+
+def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Race quadrature for prefixes 0..n of the positive masses ``qp``: (inside, error)."""
+    n = qp.size
+    c = _suffix_sums(qp)  # complement mass of each prefix
+    inside = np.zeros(n + 1)
+    error = np.zeros(n + 1)
+    inside[n] = 1.0  # the whole support: the drafts surely lie in it
+    if n <= k:  # the only prefix with >= k tokens is the whole support
+        return inside, error
+    y = race_grid(k, float(c[n - 1]), step)
+    G = y.size
+    with np.errstate(over="ignore"):
+        t = np.exp(y)  # may be inf for c_min near the underflow limit; handled below
+    pmf = np.zeros((k, G))  # P(N_H(t) = m), m < k, for the current prefix
+    pmf[0] = 1.0
+    tail = np.zeros(G)  # F_H(t) = P(N_H(t) >= k), accumulated directly
+    tmp = np.empty((k - 1, G))
+    F = np.empty((_BLOCK, G))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, n, _BLOCK):
+            qb = qp[s : s + _BLOCK]
+            B = qb.size
+            x = np.multiply.outer(qb, t)  # q_x t, [B, G]
+            stay = np.exp(-x)  # clock not yet rung
+            rung = -np.expm1(-x)  # clock rung (no cancellation when q_x t is small)
+            for i in range(B):
+                b = rung[i]
+                # a new clock lifts the count from k-1 to k with probability b
+                np.multiply(pmf[k - 1], b, out=F[i])
+                F[i] += tail
+                tail = F[i]
+                np.multiply(pmf[:-1], b, out=tmp)
+                pmf *= stay[i]
+                pmf[1:] += tmp
+            tail = tail.copy()
+            j = np.arange(s + 1, s + B + 1)  # prefixes ending in this block
+            cj = c[j]
+            live = cj > 0
+            log_ct = np.log(np.where(live, cj, 1.0))[:, None] + y[None, :]
+            w = np.exp(log_ct - np.exp(log_ct))  # c t e^{-ct}
+            w[~live] = 0.0
+            fine = step * np.einsum("bg,bg->b", w, F[:B])
+            coarse = 2 * step * np.einsum("bg,bg->b", w[:, ::2], F[:B, ::2])
+            inside[j] = np.where(live, fine, 1.0)
+            error[j] = np.where(live, np.abs(fine - coarse), 0.0)
+    inside[:k] = 0.0  # fewer than k tokens: exactly 0 (the scan gives 0 too)
+    return np.clip(inside, 0.0, 1.0), error
+
+
+def prefix_membership(
+    draft, k: int, order, scheme: str = "without_replacement", *, step: float | None = None, method: str = "auto"
+) -> Membership:
+    r""":math:`Q(H_j) = P(\text{all } k \text{ drafts} \in H_j)` for every prefix :math:`H_j` of ``order``.
+
+    .. math::
+
+        Q_{\mathrm{iid}}(H) = q(H)^k, \qquad
+        Q_{\mathrm{wo}}(H) = P(\text{first } k \text{ successive draws} \in H)
+        = \int_0^\infty c\, e^{-ct}\, P\big(N_H(t) \ge k\big)\, dt,
+
+    with :math:`c = q(\Sigma \setminus H)` and :math:`N_H(t)` the number of
+    independent :math:`\mathrm{Exp}(q_x)` clocks of :math:`H` rung by time
+    :math:`t` (a Poisson-binomial count). For k = 2 without replacement the
+    exact form :math:`\sum_{a \in H} q_a q(H \setminus a)/(1 - q_a)` is used
+    unless ``method="race"``.
+
+    Parameters
+    ----------
+    draft : array_like, shape (V,)
+        Draft law.
+    k : int
+        Number of drafts.
+    order : array_like, shape (V,), int
+        A permutation of the tokens; ``H_j = order[:j]``.
+    scheme : {"iid", "without_replacement"}
+    step : float, optional
+        Trapezoid step of the race quadrature in ``y = log t`` (default :func:`default_step`).
+    method : {"auto", "exact", "race"}
+        ``"race"`` forces the quadrature (k >= 2, without replacement; for
+        tests); ``"exact"`` refuses k >= 3 without replacement.
+
+    Returns
+    -------
+    Membership
+        ``inside``, ``outside``, ``error``, each of shape (V + 1,).
+
+    Examples
+    --------
+    >>> m = prefix_membership([0.5, 0.3, 0.2], 2, [0, 1, 2], "without_replacement")
+    >>> np.round(m.inside, 6).tolist()
+    [0.0, 0.0, 0.514286, 1.0]
+    >>> m = prefix_membership([0.4, 0.3, 0.2, 0.1], 3, [0, 1, 2, 3])
+    >>> np.round(m.inside, 9).tolist(), m.method, bool(m.error.max() < 1e-10)
+    ([0.0, 0.0, 0.0, 0.551190476, 1.0], 'race', True)
+    """
+    draft = check_law(draft, "draft")
+    k = check_k(k)
+    order = np.asarray(order)
+    if order.shape != draft.shape or not np.array_equal(np.sort(order), np.arange(draft.size)):
+        raise OtmError(f"order must be a permutation of 0..{draft.size - 1}")
+    if scheme not in ("iid", "without_replacement"):
+        raise OtmError(f"prefix_membership covers the iid and without_replacement schemes, not {scheme!r}")
+    if method not in ("auto", "exact", "race"):
+        raise OtmError(f"unknown method {method!r}: choose auto, exact or race")
+    qs = draft[order]
+    if scheme == "iid" or k == 1:
+        if method == "race" and scheme == "iid":
+            raise OtmError("the race quadrature is for the without_replacement scheme")
+        return _iid_membership(qs, k)
+    positive = qs > 0
+    qp = qs[positive]
+    if qp.size < k:
+        raise OtmError(
+            f"without_replacement needs at least k={k} tokens with positive draft mass, "
+            f"the draft has {qp.size}: lower k or use the iid scheme"
+        )
+    if method == "exact" and k >= 3:
+        raise OtmError(f"no exact finite form for without_replacement with k={k} >= 3: use method='race'")
+    if k == 2 and method != "race":
+        inside_p, err_p, how = _wo2_inside(qp), np.zeros(qp.size + 1), "exact"
+    else:
+        inside_p, err_p = _race_inside(qp, k, default_step(k) if step is None else float(step))
+        how = "race"
+    count = _prefix_sums(positive.astype(np.float64)).astype(np.int64)  # positive tokens in H_j
+    inside = inside_p[count]
+    return Membership(inside, 1.0 - inside, err_p[count], how)
+
+
+# -----------------------------------------------------------------------------
+# alpha*
+# -----------------------------------------------------------------------------
+def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None) -> Optimum:
+    k = scheme.k
+    order = ratio_order(target, scheme.draft)
+    step_now = default_step(k) if step is None else float(step)
+    for attempt in range(3):
+        m = prefix_membership(scheme.draft, k, order, scheme.name, step=step_now)
+        err = float(m.error.max())
+        if m.method != "race" or err <= QUADRATURE_TOLERANCE:
+            break
+        step_now /= 2
+    else:
+        warnings.warn(
+            f"race quadrature error estimate {err:.2e} above {QUADRATURE_TOLERANCE:g} "
+            f"even with step {step_now * 2:g}: the value may be off by about that much",
+            QuadratureWarning,
+            stacklevel=3,
+        )
+    values = _prefix_sums(target[order]) + m.outside
+    j = int(np.argmin(values))
+    H = np.zeros(scheme.V, dtype=bool)
+    H[order[:j]] = True
+    return Optimum(
+        value=float(values[j]),
+        scheme=scheme.name,
+        k=k,
+        H=H,
+        method="prefix+race" if m.method == "race" else "prefix",
+        error_estimate=err,
+        order=order,
+        prefix_values=values,
+    )
+
+
+def _fixed_plus_one(name: str, k: int, target: np.ndarray, fixed: np.ndarray, last: np.ndarray) -> Optimum:
+    """``target(D) + sum_{x not in D} min(target(x), last(x))`` and its cut ``D + {target < last}``."""
+    H = np.zeros(target.size, dtype=bool)
+    H[fixed] = True
+    rest = ~H
+    value = float(target[fixed].sum() + np.minimum(target[rest], last[rest]).sum())
+    H |= rest & (target < last)
+    return Optimum(value=value, scheme=name, k=k, H=H, method="closed_form")
+
+
+def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) -> Optimum:
+    r"""The optimum :math:`\alpha^*` of a draft scheme against ``target``, with a minimising set.
+
+    .. math::
+
+        \alpha^* = \min_{H \subseteq \Sigma}\; p(H) + 1 - Q(H)
+
+    evaluated by scheme:
+
+    * ``iid``, ``without_replacement``: prefix scan in the ratio order
+      (module docstring), :math:`O(V \log V + V k G)` with ``G`` race nodes
+      (k >= 3 without replacement only);
+    * ``greedy``: :math:`p(D) + \sum_{x \notin D} \min(p(x), q(x)/(1 - q(D)))`,
+      ``D`` the fixed top-(k-1) tokens of :class:`otm.schemes.Greedy`;
+    * ``spechub``: :math:`p(a) + \sum_{i \ne a} \min(p(i), q(i)/(1 - q(a)))`,
+      ``a`` the hub of :class:`otm.schemes.SpecHub`;
+    * ``table``: :func:`brute_force_optimum` (V <= 20).
+
+    Parameters
+    ----------
+    scheme : Scheme
+        A draft scheme from :mod:`otm.schemes`.
+    target : array_like, shape (V,)
+        Target law over the scheme's vocabulary.
+    step : float, optional
+        Trapezoid step of the race quadrature (default :func:`default_step`); halved up to twice while the
+        error estimate exceeds :data:`QUADRATURE_TOLERANCE` (then a
+        :class:`QuadratureWarning`).
+
+    Returns
+    -------
+    Optimum
+        ``value`` (:math:`\alpha^*`), ``H`` (bool mask, shape (V,)),
+        ``method``, ``error_estimate`` and, for prefix scans, ``order`` and
+        ``prefix_values`` (shape (V + 1,)).
+
+    References
+    ----------
+    .. [1] Z. Hu et al., "Towards Optimal Multi-draft Speculative Decoding", ICLR 2025.
+
+    Examples
+    --------
+    >>> from otm.schemes import IID, Greedy
+    >>> opt = optimal_acceptance_of(IID([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2])
+    >>> round(opt.value, 6), opt.H.tolist(), opt.method  # H = {2}: 0.2 + 1 - 0.6**2
+    (0.84, [False, False, True], 'prefix')
+    >>> round(optimal_acceptance_of(Greedy([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2]).value, 6)
+    1.0
+    """
+    if not isinstance(scheme, Scheme):
+        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
+    target = check_law(target, "target", size=scheme.V)
+    if scheme.name in ("iid", "without_replacement"):
+        return _prefix_optimum(scheme, target, step)
+    if isinstance(scheme, Greedy):
+        return _fixed_plus_one("greedy", scheme.k, target, scheme.fixed, scheme.last)
+    if isinstance(scheme, SpecHub):
+        return _fixed_plus_one("spechub", 2, target, np.array([scheme.hub]), scheme.others)
+    if scheme.V > BRUTE_FORCE_MAX_V:
+        raise OtmError(
+            f"no closed form for the {scheme.name} scheme and V={scheme.V} is above the brute-force "
+            f"limit {BRUTE_FORCE_MAX_V}: use otm.lp.solve_lp"
+        )
+    value, H = _brute_force(scheme, target)
+    return Optimum(value=value, scheme=scheme.name, k=scheme.k, H=H, method="brute_force")
+
+
+def optimal_acceptance(target, draft, k: int, scheme: str = "iid") -> float:
+    r"""The optimum :math:`\alpha^*` for ``k`` drafts of ``draft`` drawn by ``scheme``.
+
+    .. math::
+
+        \alpha^* = \max_{\pi \in \Pi(P, p)} P(Y \in \mathrm{set}(\bar X))
+                 = \min_{H \subseteq \Sigma}\; p(H) + 1 - Q(H)
+
+    Shorthand for ``optimal_acceptance_of(make_scheme(scheme, draft, k), target).value``.
+
+    Parameters
+    ----------
+    target : array_like, shape (V,)
+        Target law.
+    draft : array_like, shape (V,)
+        Draft law.
+    k : int
+        Number of drafts.
+    scheme : {"iid", "without_replacement", "greedy", "spechub"}
+
+    Returns
+    -------
+    alpha : float
+
+    Examples
+    --------
+    >>> round(optimal_acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2, "iid"), 6)
+    0.84
+    >>> round(optimal_acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2, "without_replacement"), 6)
+    1.0
+    >>> round(optimal_acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 1), 6)  # sum(min(target, draft))
+    0.6
+    """
+    draft = check_law(draft, "draft")
+    target = check_law(target, "target", size=draft.size)
+    return optimal_acceptance_of(make_scheme(scheme, draft, k), target).value
+
+
+# -----------------------------------------------------------------------------
+# the reference
+# -----------------------------------------------------------------------------
+def _zeta(f: np.ndarray, V: int) -> np.ndarray:
+    """Subset sums ``g[H] = sum_{S subset of H} f[S]`` over bitmasks, in place, O(V 2^V)."""
+    for bit in range(V):
+        view = f.reshape(-1, 2, 1 << bit)
+        view[:, 1, :] += view[:, 0, :]
+    return f
+
+
+def _brute_force(scheme: Scheme, target: np.ndarray) -> tuple[float, np.ndarray]:
+    V = scheme.V
+    if V > BRUTE_FORCE_MAX_V:
+        raise OtmError(
+            f"brute_force_optimum enumerates all 2^V subsets: V={V} is above the limit {BRUTE_FORCE_MAX_V}"
+        )
+    tuples, probs = scheme.enumerate()
+    masks = np.bitwise_or.reduce(np.left_shift(np.int64(1), tuples), axis=1)
+    inside = _zeta(np.bincount(masks, weights=probs, minlength=1 << V).astype(np.float64), V)
+    mass = np.zeros(1 << V)
+    mass[1 << np.arange(V)] = target
+    mass = _zeta(mass, V)
+    values = mass + (1.0 - inside)
+    h = int(np.argmin(values))
+    H = ((h >> np.arange(V)) & 1).astype(bool)
+    return float(values[h]), H
+
+
+def brute_force_optimum(scheme: Scheme, target) -> float:
+    r"""Reference :math:`\alpha^*`: the minimum over all :math:`2^V` subsets.
+
+    .. math::
+
+        \alpha^* = \min_{H \subseteq \Sigma}\; p(H) + 1 - Q(H), \qquad
+        Q(H) = \sum_{S \subseteq H} P(\mathrm{set}(\bar X) = S),
+
+    with the set law from :meth:`Scheme.enumerate` and :math:`Q` by a
+    subset-sum (zeta) transform over bitmasks, :math:`O(V 2^V)`. Any scheme,
+    :class:`otm.schemes.Table` included.
+
+    Parameters
+    ----------
+    scheme : Scheme
+    target : array_like, shape (V,)
+
+    Returns
+    -------
+    alpha : float
+
+    Raises
+    ------
+    OtmError
+        If ``V > 20`` (:data:`BRUTE_FORCE_MAX_V`) or the enumeration is too large.
+
+    Examples
+    --------
+    >>> from otm.schemes import IID, Table
+    >>> round(brute_force_optimum(IID([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2]), 6)
+    0.84
+    >>> round(brute_force_optimum(Table([[0, 1], [2, 2]], [0.5, 0.5], V=3), [0.5, 0.3, 0.2]), 6)
+    0.7
+    """
+    if not isinstance(scheme, Scheme):
+        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
+    target = check_law(target, "target", size=scheme.V)
+    return _brute_force(scheme, target)[0]

@@ -1,0 +1,339 @@
+"""The closed-form optimum (otm.optimum) against the brute-force minimum cut and exact laws.
+
+References used here, each independent of the code under test:
+
+* :func:`brute_force_optimum` -- all 2^V subsets, Q(H) summed from the scheme's
+  enumeration (itself tested in test_schemes.py); guarded by a negative control;
+* P(first k draws in H) from :meth:`WithoutReplacement.enumerate`, for any H;
+* at V = 2000, a law with four mass classes, whose Q(H) is an exact recursion
+  over how many tokens of each class have been drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from otm.laws import OtmError
+from otm.optimum import (
+    QUADRATURE_TOLERANCE,
+    QuadratureWarning,
+    brute_force_optimum,
+    optimal_acceptance,
+    optimal_acceptance_of,
+    prefix_membership,
+    ratio_order,
+)
+from otm.schemes import IID, Greedy, SpecHub, Table, WithoutReplacement, make_scheme
+from strategies import law, pair
+
+TOL = 1e-10
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def q_inside(scheme, H: np.ndarray) -> float:
+    """P(all drafts in H) from the scheme's enumeration."""
+    tuples, probs = scheme.enumerate()
+    return float(probs[H[tuples].all(axis=1)].sum())
+
+
+def check_against_brute_force(scheme, target) -> None:
+    opt = optimal_acceptance_of(scheme, target)
+    ref = brute_force_optimum(scheme, target)
+    assert abs(opt.value - ref) <= TOL, (opt.value, ref)
+    # the returned set attains the value: it is a minimum cut
+    assert abs(target[opt.H].sum() + 1 - q_inside(scheme, opt.H) - opt.value) <= TOL
+    assert opt.error_estimate <= QUADRATURE_TOLERANCE
+
+
+@st.composite
+def tied_pair(draw, min_V: int = 3, max_V: int = 7):
+    """Target proportional to the draft on groups of tokens: ties in the ratio."""
+    V = draw(st.integers(min_V, max_V))
+    draft = draw(law(V))
+    groups = np.array(draw(st.lists(st.integers(0, 2), min_size=V, max_size=V)))
+    factor = np.array(draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=3, max_size=3)))
+    target = draft * factor[groups]
+    assume(target.sum() > 0)
+    return target / target.sum(), draft
+
+
+# -----------------------------------------------------------------------------
+# closed form == brute force
+# -----------------------------------------------------------------------------
+@SETTINGS
+@given(pair(2, 6), st.integers(1, 4))
+def test_iid_matches_brute_force(laws, k):
+    target, draft = laws
+    check_against_brute_force(IID(draft, k), target)
+
+
+@SETTINGS
+@given(pair(2, 8), st.integers(1, 5))
+def test_without_replacement_matches_brute_force(laws, k):
+    target, draft = laws
+    if np.count_nonzero(draft) < k:
+        with pytest.raises(OtmError, match="at least k="):
+            WithoutReplacement(draft, k)
+        return
+    check_against_brute_force(WithoutReplacement(draft, k), target)
+
+
+@SETTINGS
+@given(pair(2, 7), st.integers(1, 4))
+def test_greedy_matches_brute_force(laws, k):
+    target, draft = laws
+    try:
+        scheme = Greedy(draft, k)
+    except OtmError:
+        return  # k > V or no draft mass outside the fixed tokens: refused by the scheme
+    check_against_brute_force(scheme, target)
+
+
+@SETTINGS
+@given(pair(2, 8))
+def test_spechub_matches_brute_force(laws):
+    target, draft = laws
+    try:
+        scheme = SpecHub(draft)
+    except OtmError:
+        return  # a point-mass draft: refused by the scheme
+    check_against_brute_force(scheme, target)
+
+
+@SETTINGS
+@given(tied_pair(), st.integers(1, 4), st.sampled_from(["iid", "without_replacement"]))
+def test_ties_in_the_ratio(laws, k, name):
+    target, draft = laws
+    if name == "without_replacement" and np.count_nonzero(draft) < k:
+        return
+    check_against_brute_force(make_scheme(name, draft, k), target)
+
+
+def test_table_scheme_goes_through_brute_force():
+    scheme = Table([[0, 1], [2, 2], [1, 3]], [0.5, 0.25, 0.25], V=4)
+    target = np.array([0.4, 0.1, 0.2, 0.3])
+    opt = optimal_acceptance_of(scheme, target)
+    assert opt.method == "brute_force"
+    assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-15
+
+
+# -----------------------------------------------------------------------------
+# properties of alpha*
+# -----------------------------------------------------------------------------
+@SETTINGS
+@given(pair(2, 12), st.sampled_from(["iid", "without_replacement", "greedy"]))
+def test_one_draft_is_one_minus_total_variation(laws, name):
+    target, draft = laws
+    assert abs(optimal_acceptance(target, draft, 1, name) - np.minimum(target, draft).sum()) <= 1e-12
+
+
+@SETTINGS
+@given(pair(2, 12))
+def test_iid_optimum_grows_with_k(laws):
+    target, draft = laws
+    values = [optimal_acceptance(target, draft, k, "iid") for k in range(1, 7)]
+    assert all(b >= a - 1e-12 for a, b in zip(values, values[1:])), values
+
+
+@SETTINGS
+@given(pair(2, 10))
+def test_without_replacement_optimum_grows_with_k(laws):
+    # the first k of k+1 successive draws are k successive draws
+    target, draft = laws
+    ks = range(1, min(6, np.count_nonzero(draft)) + 1)
+    values = [optimal_acceptance(target, draft, k, "without_replacement") for k in ks]
+    assert all(b >= a - 1e-12 for a, b in zip(values, values[1:])), values
+
+
+def test_identical_laws_and_disjoint_supports():
+    law_ = np.array([0.5, 0.25, 0.125, 0.125])
+    for name in ("iid", "without_replacement", "greedy"):
+        assert abs(optimal_acceptance(law_, law_, 2, name) - 1.0) <= 1e-15
+    target = np.array([0.6, 0.4, 0.0, 0.0])
+    draft = np.array([0.0, 0.0, 0.7, 0.3])
+    for name in ("iid", "without_replacement", "greedy", "spechub"):
+        assert optimal_acceptance(target, draft, 2, name) <= 1e-15
+
+
+def test_descending_order_is_wrong_negative_control():
+    # the brute force sees the difference between the ratio order and its reverse
+    target = np.array([0.5, 0.3, 0.2])
+    draft = np.array([0.2, 0.2, 0.6])
+    scheme = IID(draft, 2)
+    ref = brute_force_optimum(scheme, target)
+    order = ratio_order(target, draft)
+    assert order.tolist() == [2, 1, 0]
+    for o, agrees in ((order, True), (order[::-1].copy(), False)):
+        m = prefix_membership(draft, 2, o, "iid")
+        value = float(np.min(np.concatenate([[0.0], np.cumsum(target[o])]) + m.outside))
+        assert (abs(value - ref) <= 1e-12) == agrees, (value, ref)
+    assert abs(ref - 0.84) <= 1e-15  # H = {2}: 0.2 + 1 - 0.6^2
+
+
+# -----------------------------------------------------------------------------
+# the without-replacement membership law Q(H) for arbitrary H
+# -----------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(st.integers(3, 9).flatmap(law), st.integers(2, 5), st.randoms(use_true_random=False))
+def test_race_quadrature_matches_enumeration(draft, k, rnd):
+    if np.count_nonzero(draft) < k:
+        return
+    scheme = WithoutReplacement(draft, k)
+    tuples, probs = scheme.enumerate()
+    V = draft.size
+    for _ in range(6):  # several H per law; H is a prefix of an order that puts it first
+        order = np.array(rnd.sample(range(V), V))
+        m = prefix_membership(draft, k, order, method="race")
+        assert m.method == "race" and m.error.max() <= QUADRATURE_TOLERANCE
+        for j in range(V + 1):
+            H = np.zeros(V, dtype=bool)
+            H[order[:j]] = True
+            exact = float(probs[H[tuples].all(axis=1)].sum())
+            assert abs(m.inside[j] - exact) <= 1e-12, (j, m.inside[j], exact)
+
+
+def peaked(rng, V, scale=3.0):
+    x = scale * rng.standard_normal(V)
+    w = np.exp(x - x.max())
+    return w / w.sum()
+
+
+@pytest.mark.parametrize("kind", ["peaked", "dirichlet", "tiny"])
+def test_race_k2_matches_closed_form_at_V1000(kind):
+    rng = np.random.default_rng(7)
+    V = 1000
+    if kind == "peaked":
+        draft, target = peaked(rng, V), peaked(rng, V)
+    elif kind == "dirichlet":
+        draft, target = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    else:  # one dominant token, the rest around 1e-12 (the 1 - q_a near 0 corner)
+        draft = np.full(V, 1e-12) * rng.uniform(0.5, 1.5, V)
+        draft[3] = 1 - draft.sum() + draft[3]
+        target = rng.dirichlet(np.ones(V))
+    order = ratio_order(target, draft)
+    exact = prefix_membership(draft, 2, order)
+    race = prefix_membership(draft, 2, order, method="race")
+    assert exact.method == "exact" and race.method == "race"
+    assert np.abs(exact.inside - race.inside).max() <= 1e-12
+    assert race.error.max() <= QUADRATURE_TOLERANCE
+
+
+def classes_inside(u, n_in, c_out, k):
+    """P(first k successive draws in H): H holds n_in[c] tokens of mass u[c]; the rest has mass c_out."""
+
+    @lru_cache(maxsize=None)
+    def rec(drawn):
+        if sum(drawn) == k:
+            return 1.0
+        left = [n - d for n, d in zip(n_in, drawn)]
+        remaining = c_out + math.fsum(l_ * m for l_, m in zip(left, u))
+        total = 0.0
+        for c, l_ in enumerate(left):
+            if l_ > 0:
+                nxt = list(drawn)
+                nxt[c] += 1
+                total += l_ * u[c] / remaining * rec(tuple(nxt))
+        return total
+
+    return rec((0,) * len(u))
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_race_at_V2000_matches_exact_class_recursion(k):
+    rng = np.random.default_rng(11)
+    counts = np.array([4, 96, 900, 1000])
+    weights = np.array([0.55, 0.3, 0.15 - 1e-9, 1e-9])  # the last class has masses 1e-12
+    cls = rng.permutation(np.repeat(np.arange(4), counts))
+    draft = (weights / counts)[cls]
+    target = rng.dirichlet(np.ones(cls.size))
+    order = ratio_order(target, draft)
+    u = [float(draft[np.flatnonzero(cls == c)[0]]) for c in range(4)]
+    m = prefix_membership(draft, k, order)
+    assert m.method == "race" and m.error.max() <= QUADRATURE_TOLERANCE
+    onehot = np.eye(4, dtype=np.int64)[cls[order]]
+    n_in = np.vstack([np.zeros(4, dtype=np.int64), np.cumsum(onehot, axis=0)])  # class counts in H_j
+    exact = np.empty(cls.size + 1)
+    for j in range(cls.size + 1):
+        c_out = math.fsum((counts - n_in[j]) * np.array(u))
+        exact[j] = 1.0 if c_out == 0 else classes_inside(tuple(u), tuple(map(int, n_in[j])), c_out, k)
+    assert np.abs(m.inside - exact).max() <= 1e-12
+    # and the optimum is the exact prefix minimum
+    opt = optimal_acceptance_of(WithoutReplacement(draft, k), target)
+    best = np.min(np.concatenate([[0.0], np.cumsum(target[order])]) + 1 - exact)
+    assert abs(opt.value - best) <= 1e-12
+
+
+def test_full_vocabulary_runs_and_is_accurate():
+    rng = np.random.default_rng(0)
+    V = 49152
+    draft, target = peaked(rng, V), peaked(rng, V)
+    floor = np.minimum(target, draft).sum()
+    previous = floor
+    for k in (2, 4):
+        opt = optimal_acceptance_of(WithoutReplacement(draft, k), target)
+        assert opt.error_estimate <= QUADRATURE_TOLERANCE
+        assert previous - 1e-12 <= opt.value <= 1.0
+        previous = opt.value
+        assert opt.prefix_values.shape == (V + 1,) and opt.H.sum() == opt.prefix
+
+
+# -----------------------------------------------------------------------------
+# edges and refusals
+# -----------------------------------------------------------------------------
+def test_draft_zeros_are_never_drawn_and_full_support_is_certain():
+    draft = np.array([0.4, 0.0, 0.3, 0.2, 0.1, 0.0])
+    order = np.arange(6)
+    for k, scheme in ((3, "without_replacement"), (2, "without_replacement"), (3, "iid")):
+        m = prefix_membership(draft, k, order, scheme)
+        assert m.inside[1] == m.inside[2]  # token 1 has no draft mass
+        assert m.inside[5] == m.inside[6] == 1.0 > m.inside[4]  # H holds the whole draft support
+        assert np.all(np.diff(m.inside) >= -1e-15)
+
+
+def test_fewer_positive_tokens_than_k_is_refused():
+    draft = np.array([0.5, 0.5, 0.0, 0.0])
+    with pytest.raises(OtmError, match="at least k=3"):
+        prefix_membership(draft, 3, np.arange(4))
+    with pytest.raises(OtmError, match="at least k=3"):
+        optimal_acceptance([0.25] * 4, draft, 3, "without_replacement")
+    assert optimal_acceptance([0.25] * 4, draft, 3, "iid") <= 1.0
+
+
+def test_brute_force_refuses_large_vocabularies():
+    draft = np.full(21, 1 / 21)
+    with pytest.raises(OtmError) as err:
+        brute_force_optimum(IID(draft, 1), draft)
+    assert "V=21" in str(err.value) and "20" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_inputs():
+    with pytest.raises(OtmError, match="same vocabulary"):
+        optimal_acceptance([0.5, 0.5], [0.2, 0.3, 0.5], 2)
+    with pytest.raises(OtmError, match="negative"):
+        optimal_acceptance([0.5, 0.5], [1.2, -0.2], 2)
+    with pytest.raises(OtmError, match="unknown scheme"):
+        optimal_acceptance([0.5, 0.5], [0.5, 0.5], 2, "beam")
+    with pytest.raises(OtmError, match="expected a Scheme"):
+        optimal_acceptance_of("iid", [0.5, 0.5])
+    with pytest.raises(OtmError, match="permutation"):
+        prefix_membership([0.5, 0.5], 2, [0, 0])
+
+
+def test_a_coarse_step_is_refined_or_warned():
+    rng = np.random.default_rng(3)
+    draft, target = peaked(rng, 300), peaked(rng, 300)
+    good = optimal_acceptance_of(WithoutReplacement(draft, 4), target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        refined = optimal_acceptance_of(WithoutReplacement(draft, 4), target, step=0.4)  # halved to 0.2
+    assert abs(refined.value - good.value) <= 1e-12
+    with pytest.warns(QuadratureWarning, match="error estimate"):
+        coarse = optimal_acceptance_of(WithoutReplacement(draft, 4), target, step=2.0)
+    assert coarse.error_estimate > QUADRATURE_TOLERANCE
