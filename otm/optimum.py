@@ -185,7 +185,7 @@ def ratio_order(target, draft) -> np.ndarray:
     """
     target = np.asarray(target, dtype=np.float64)
     draft = np.asarray(draft, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(draft > 0, target / np.where(draft > 0, draft, 1.0), np.inf)
     return np.argsort(ratio, kind="stable").astype(np.int64)
 
@@ -297,8 +297,8 @@ def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.nd
         return inside, error
     y = race_grid(k, float(c[n - 1]), step)
     G = y.size
-    with np.errstate(over="ignore"):
-        t = np.exp(y)  # may be inf for c_min near the underflow limit; handled below
+    t = np.exp(np.minimum(y, 700.0))
+    huge = y[-1] > 700.0  # c_min below ~1e-302: form q_x t as exp(log q_x + y), t itself would overflow
     pmf = np.zeros((k, G))  # P(N_H(t) = m), m < k, for the current prefix
     pmf[0] = 1.0
     tail = np.zeros(G)  # F_H(t) = P(N_H(t) >= k), accumulated directly
@@ -308,7 +308,7 @@ def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.nd
         for s in range(0, n, _BLOCK):
             qb = qp[s : s + _BLOCK]
             B = qb.size
-            x = np.multiply.outer(qb, t)  # q_x t, [B, G]
+            x = np.exp(np.add.outer(np.log(qb), y)) if huge else np.multiply.outer(qb, t)  # q_x t, [B, G]
             stay = np.exp(-x)  # clock not yet rung
             rung = -np.expm1(-x)  # clock rung (no cancellation when q_x t is small)
             for i in range(B):
@@ -450,6 +450,18 @@ def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None) -> O
     )
 
 
+def _check_target(scheme, target) -> np.ndarray:
+    if not isinstance(scheme, Scheme):
+        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
+    target = check_law(target, "target")
+    if target.size != scheme.V:
+        raise OtmError(
+            f"target has {target.size} masses but the {scheme.name} scheme has V={scheme.V}: "
+            "give laws over the same vocabulary"
+        )
+    return target
+
+
 def _fixed_plus_one(name: str, k: int, target: np.ndarray, fixed: np.ndarray, last: np.ndarray) -> Optimum:
     """``target(D) + sum_{x not in D} min(target(x), last(x))`` and its cut ``D + {target < last}``."""
     H = np.zeros(target.size, dtype=bool)
@@ -509,9 +521,7 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
     >>> round(optimal_acceptance_of(Greedy([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2]).value, 6)
     1.0
     """
-    if not isinstance(scheme, Scheme):
-        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
-    target = check_law(target, "target", size=scheme.V)
+    target = _check_target(scheme, target)
     if scheme.name in ("iid", "without_replacement"):
         return _prefix_optimum(scheme, target, step)
     if isinstance(scheme, Greedy):
@@ -560,8 +570,8 @@ def optimal_acceptance(target, draft, k: int, scheme: str = "iid") -> float:
     >>> round(optimal_acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 1), 6)  # sum(min(target, draft))
     0.6
     """
-    draft = check_law(draft, "draft")
-    target = check_law(target, "target", size=draft.size)
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
     return optimal_acceptance_of(make_scheme(scheme, draft, k), target).value
 
 
@@ -628,7 +638,5 @@ def brute_force_optimum(scheme: Scheme, target) -> float:
     >>> round(brute_force_optimum(Table([[0, 1], [2, 2]], [0.5, 0.5], V=3), [0.5, 0.3, 0.2]), 6)
     0.7
     """
-    if not isinstance(scheme, Scheme):
-        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
-    target = check_law(target, "target", size=scheme.V)
+    target = _check_target(scheme, target)
     return _brute_force(scheme, target)[0]

@@ -297,6 +297,20 @@ def test_draft_zeros_are_never_drawn_and_full_support_is_certain():
         assert np.all(np.diff(m.inside) >= -1e-15)
 
 
+@pytest.mark.parametrize("tiny", [1e-30, 1e-200, 1e-310, 5e-324])
+def test_extreme_masses_down_to_the_smallest_subnormal(tiny):
+    # two tokens of draft mass `tiny` close the ratio order: the race grid reaches t ~ 1/tiny
+    draft = np.array([0.5, 0.3, 0.2, tiny, tiny])
+    target = np.array([0.1, 0.1, 0.1, 0.35, 0.35])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in (2, 3, 4):
+            for name in ("iid", "without_replacement"):
+                check_against_brute_force(make_scheme(name, draft, k), target)
+        m = prefix_membership(draft, 4, np.arange(5))
+    assert abs(m.inside[4] - 0.5) <= 1e-12  # after the three big tokens, token 3 before token 4
+
+
 def test_fewer_positive_tokens_than_k_is_refused():
     draft = np.array([0.5, 0.5, 0.0, 0.0])
     with pytest.raises(OtmError, match="at least k=3"):
@@ -314,8 +328,10 @@ def test_brute_force_refuses_large_vocabularies():
 
 
 def test_bad_inputs():
-    with pytest.raises(OtmError, match="same vocabulary"):
+    with pytest.raises(OtmError, match="draft has 3 masses but the target has 2"):
         optimal_acceptance([0.5, 0.5], [0.2, 0.3, 0.5], 2)
+    with pytest.raises(OtmError, match="target has 2 masses but the iid scheme has V=3"):
+        optimal_acceptance_of(IID([0.2, 0.3, 0.5], 2), [0.5, 0.5])
     with pytest.raises(OtmError, match="negative"):
         optimal_acceptance([0.5, 0.5], [1.2, -0.2], 2)
     with pytest.raises(OtmError, match="unknown scheme"):
