@@ -1,0 +1,255 @@
+"""Benchmark and accuracy check of the closed-form optimum (otm.optimum) at V = 49152.
+
+Timing. For each law and k in (2, 4, 8), ``optimal_acceptance_of(make_scheme(...), target)``
+is called once to warm up, then ``--repeats`` rounds call every (law, scheme, k)
+case once each (interleaved, so a slow spell of the shared machine hits all
+cases alike); the table gives the median and range of the wall times, the value
+alpha*, the size of the minimising prefix, the method, the race grid size G and
+the quadrature error estimate ``|T_h - T_2h|`` (the error of the *coarser* rule).
+
+Laws (seeded numpy Generator, ``--seed``):
+
+peaked
+    ``target = softmax(3 z)``, ``draft = softmax(3 (0.9 z + 0.436 e))`` with z, e
+    standard normal: a peaked target and a draft correlated with it, as a small
+    draft model's logits are (draft masses from 3e-13 to 0.10 at seed 0).
+dirichlet
+    ``target``, ``draft`` independent Dirichlet(1) draws (flat; draft masses from 1.7e-10 to 2.1e-4).
+
+Accuracy (``--accuracy``), on the same laws, without_replacement:
+
+* k = 2: the race quadrature (``method="race"``) against the exact closed form,
+  whose value at a few prefixes is itself checked against a 40-digit mpmath sum;
+* k = 3, 4, 8: the default step ``h`` against ``h / 2`` (self-convergence), and
+  against an independent evaluation at 4 prefixes: scipy's adaptive
+  Gauss-Kronrod ``quad`` in ``y = log t`` with the count law computed by a
+  pairwise (tree) product of truncated generating functions (this reference
+  is itself limited to about 1e-13 by quad's roundoff);
+* k = 3, 4, 8 on a law of five mass classes over 49152 tokens, where Q(H) is an
+  exact finite recursion over the number of tokens drawn from each class
+  (200 prefixes).
+
+Usage: ``.venv/bin/python analysis/bench_closed_form.py [--repeats 5] [--seed 0] [--accuracy]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import time
+import warnings
+from functools import lru_cache
+
+import numpy as np
+import scipy
+
+from otm.optimum import (
+    _race_inside,
+    default_step,
+    optimal_acceptance_of,
+    prefix_membership,
+    race_grid,
+    ratio_order,
+)
+from otm.schemes import make_scheme
+
+V = 49152
+KS = (2, 4, 8)
+SCHEMES = ("iid", "without_replacement")
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    w = np.exp(x - x.max())
+    return w / w.sum()
+
+
+def make_laws(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(V)
+    e = rng.standard_normal(V)
+    peaked = (softmax(3 * z), softmax(3 * (0.9 * z + math.sqrt(0.19) * e)))
+    dirichlet = (rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V)))
+    return {"peaked": peaked, "dirichlet": dirichlet}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        aff = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        aff = os.cpu_count()
+    return f"{platform.platform()}, {cpu}, {os.cpu_count()} cores (affinity {aff})"
+
+
+# -----------------------------------------------------------------------------
+# timing
+# -----------------------------------------------------------------------------
+def timing(laws, repeats: int) -> None:
+    cases = [(law, name, k) for law in laws for name in SCHEMES for k in KS]
+    times: dict = {c: [] for c in cases}
+    results: dict = {}
+    for c in cases:  # warm-up
+        target, draft = laws[c[0]]
+        results[c] = optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target)
+    for _ in range(repeats):
+        for c in cases:
+            target, draft = laws[c[0]]
+            t0 = time.perf_counter()
+            optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target)
+            times[c].append(time.perf_counter() - t0)
+    print("| law | scheme | k | median s | min-max s | alpha* | prefix | method | G | error estimate |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in cases:
+        law, name, k = c
+        r = results[c]
+        target, draft = laws[law]
+        G = "-"
+        if r.method == "prefix+race":
+            qs = draft[r.order]
+            G = race_grid(k, float(qs[qs > 0][-1]), default_step(k)).size
+        ts = times[c]
+        print(
+            f"| {law} | {name} | {k} | {statistics.median(ts):.3f} | {min(ts):.3f}-{max(ts):.3f} "
+            f"| {r.value:.12f} | {r.prefix} | {r.method} | {G} | {r.error_estimate:.1e} |"
+        )
+
+
+# -----------------------------------------------------------------------------
+# accuracy
+# -----------------------------------------------------------------------------
+def tree_count_law(stay: np.ndarray, rung: np.ndarray, k: int) -> np.ndarray:
+    """Law of min(N, k) for independent Bernoulli(rung), by a pairwise product (absorbing top cell)."""
+    polys = np.zeros((stay.size, k + 1))
+    polys[:, 0] = stay
+    polys[:, 1] = rung
+    while polys.shape[0] > 1:
+        if polys.shape[0] % 2:
+            polys = np.vstack([polys, np.eye(1, k + 1)])
+        a, b = polys[0::2], polys[1::2]
+        out = np.zeros_like(a)
+        for i in range(k + 1):
+            for j in range(k + 1):
+                out[:, min(i + j, k)] += a[:, i] * b[:, j]
+        polys = out
+    return polys[0]
+
+
+def quad_reference(qH: np.ndarray, c: float, k: int) -> float:
+    """Q(H) by scipy's adaptive quad in y = log t, the count law by the tree product."""
+    from scipy import integrate
+
+    def f(y):
+        t = math.exp(y)
+        x = qH * t
+        law = tree_count_law(np.exp(-x), -np.expm1(-x), k)
+        return c * t * math.exp(-c * t) * law[k]
+
+    lo, hi = math.log(1e-4), math.log(60.0 / c)
+    with warnings.catch_warnings():  # quad reports its own roundoff floor (~1e-13 here)
+        warnings.simplefilter("ignore", integrate.IntegrationWarning)
+        val, _ = integrate.quad(f, lo, hi, epsabs=1e-15, epsrel=1e-14, limit=400)
+    return val
+
+
+def class_inside(u, n_in, c_out, k) -> float:
+    @lru_cache(maxsize=None)
+    def rec(drawn):
+        if sum(drawn) == k:
+            return 1.0
+        left = [n - d for n, d in zip(n_in, drawn)]
+        remaining = c_out + math.fsum(l_ * m for l_, m in zip(left, u))
+        total = 0.0
+        for ci, l_ in enumerate(left):
+            if l_ > 0:
+                nxt = list(drawn)
+                nxt[ci] += 1
+                total += l_ * u[ci] / remaining * rec(tuple(nxt))
+        return total
+
+    return rec((0,) * len(u))
+
+
+def accuracy(laws, seed: int) -> None:
+    import mpmath
+
+    mpmath.mp.dps = 40
+    print("\n| law | k | check | max abs difference | error estimate (default step) |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(seed + 1)
+    for law, (target, draft) in laws.items():
+        order = ratio_order(target, draft)
+        qs = draft[order]
+        # k = 2: race vs closed form, closed form vs mpmath at 5 prefixes
+        exact = prefix_membership(draft, 2, order)
+        race = prefix_membership(draft, 2, order, method="race")
+        Q = [mpmath.mpf(float(x)) for x in qs]
+        total = mpmath.fsum(Q)
+        worst = 0.0
+        for j in [1000, 10000, 25000, 40000, V - 1]:
+            qH = mpmath.fsum(Q[:j])
+            ref = mpmath.fsum(a * (qH - a) / (total - a) for a in Q[:j]) / total
+            worst = max(worst, abs(exact.inside[j] - float(ref)))
+        print(f"| {law} | 2 | closed form vs 40-digit mpmath (5 prefixes) | {worst:.1e} | - |")
+        print(
+            f"| {law} | 2 | race vs closed form (all {V + 1} prefixes) "
+            f"| {np.abs(race.inside - exact.inside).max():.1e} | {race.error.max():.1e} |"
+        )
+        for k in (3, 4, 8):
+            h = default_step(k)
+            a, ea = _race_inside(qs[qs > 0], k, h)
+            b, _ = _race_inside(qs[qs > 0], k, h / 2)
+            print(f"| {law} | {k} | step h vs h/2 (all prefixes) | {np.abs(a - b).max():.1e} | {ea.max():.1e} |")
+            worst = 0.0
+            c_suffix = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])
+            for j in sorted(rng.choice(np.arange(k + 1, V - 1), size=3, replace=False).tolist()) + [V - 1]:
+                worst = max(worst, abs(a[j] - quad_reference(qs[:j], float(c_suffix[j]), k)))
+            print(f"| {law} | {k} | vs adaptive quad + tree product (4 prefixes) | {worst:.1e} | {ea.max():.1e} |")
+    # five mass classes over V tokens: exact finite recursion
+    counts = np.array([3, 29, 420, 8700, V - 3 - 29 - 420 - 8700])
+    weights = np.array([0.5, 0.25, 0.15, 0.1 - 1e-6, 1e-6])
+    cls = rng.permutation(np.repeat(np.arange(5), counts))
+    draft = (weights / counts)[cls]
+    target = rng.dirichlet(np.ones(V))
+    order = ratio_order(target, draft)
+    u = [float(draft[np.flatnonzero(cls == c)[0]]) for c in range(5)]
+    onehot = np.eye(5, dtype=np.int64)[cls[order]]
+    n_in = np.vstack([np.zeros(5, dtype=np.int64), np.cumsum(onehot, axis=0)])
+    js = np.unique(np.concatenate([rng.choice(V + 1, 196, replace=False), [0, 1, V - 1, V]]))
+    for k in (3, 4, 8):
+        m = prefix_membership(draft, k, order)
+        worst = 0.0
+        for j in js:
+            c_out = math.fsum((counts - n_in[j]) * np.array(u))
+            ref = 1.0 if c_out == 0 else class_inside(tuple(u), tuple(map(int, n_in[j])), c_out, k)
+            worst = max(worst, abs(m.inside[j] - ref))
+        print(f"| 5 mass classes | {k} | vs exact class recursion ({js.size} prefixes) | {worst:.1e} | {m.error.max():.1e} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--accuracy", action="store_true", help="also run the accuracy checks (about two minutes)")
+    args = ap.parse_args()
+    laws = make_laws(args.seed)
+    print(f"- machine: {machine()}")
+    print(f"- python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}")
+    print(
+        f"- V = {V}, seed {args.seed}, repeats {args.repeats} after one warm-up call, "
+        "cases interleaved round by round (median and range shown)\n"
+    )
+    timing(laws, args.repeats)
+    if args.accuracy:
+        accuracy(laws, args.seed)
+
+
+if __name__ == "__main__":
+    main()
