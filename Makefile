@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-lp venv clean
+.PHONY: demo test test-models bench-lp venv clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,10 @@ demo: $(STAMP)
 	$(VENV)/bin/otm demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 -m "not model"
+
+test-models: $(STAMP)
+	$(PY) -m pytest -q -m model
 
 bench-lp: $(STAMP)
 	$(PY) analysis/bench_lp.py
