@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-models bench-lp venv clean
+.PHONY: demo test test-models bench-lp bench-closed-form bench-verify venv clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,12 @@ test-models: $(STAMP)
 
 bench-lp: $(STAMP)
 	$(PY) analysis/bench_lp.py
+
+bench-closed-form: $(STAMP)
+	$(PY) analysis/bench_closed_form.py --accuracy
+
+bench-verify: $(STAMP)
+	$(PY) analysis/bench_verify.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -21,7 +21,7 @@ class OtmError(ValueError):
     """Bad input to otm: the message is one line that says what is wrong and what to do."""
 
 
-def check_law(law, name: str = "law", *, size: int | None = None) -> np.ndarray:
+def check_law(law, name: str = "law", *, size: int | None = None, size_of: str = "the target") -> np.ndarray:
     """Return ``law`` as a normalised float64 vector, or raise :class:`OtmError`.
 
     Parameters
@@ -32,6 +32,8 @@ def check_law(law, name: str = "law", *, size: int | None = None) -> np.ndarray:
         Used in the error message (``"target"``, ``"draft"``...).
     size : int, optional
         Required length (the vocabulary size of another law).
+    size_of : str
+        What ``size`` is the length of, for the error message (default "the target").
 
     Examples
     --------
@@ -52,7 +54,7 @@ def check_law(law, name: str = "law", *, size: int | None = None) -> np.ndarray:
         raise OtmError(f"{name} is empty: give at least one probability")
     if size is not None and arr.size != size:
         raise OtmError(
-            f"{name} has {arr.size} masses but the target has {size}: give laws over the same vocabulary"
+            f"{name} has {arr.size} masses but {size_of} has {size}: give laws over the same vocabulary"
         )
     bad = ~np.isfinite(arr)
     if bad.any():

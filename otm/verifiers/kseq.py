@@ -55,9 +55,16 @@ def _p_acc(b: float, k: int) -> float:
 
 
 def g(target: np.ndarray, draft: np.ndarray, k: int, rho: float) -> float:
-    """The validity function: the rule is valid iff g(rho) <= 0."""
-    b = beta(target, draft, rho)
-    return _p_acc(b, k) - rho * b
+    r"""The validity function: the rule is valid iff g(rho) <= 0.
+
+    Evaluated as :math:`g(\rho) = \sum_x (p - \rho q)_+ - \big(\sum_x (q - p/\rho)_+\big)^k`,
+    which equals :math:`1 - (1-\beta)^k - \rho\beta` (use :math:`1 - \rho\beta = \sum (p - \rho q)_+`
+    and :math:`1 - \beta = \sum (q - p/\rho)_+`) but keeps its accuracy where both
+    :math:`1 - (1-\beta)^k` and :math:`\rho\beta` are close to 1 (near-identical laws).
+    """
+    over = float(np.maximum(target - rho * draft, 0.0).sum())
+    under = float(np.maximum(draft - target / rho, 0.0).sum())
+    return over - under**k
 
 
 def rho_star(target, draft, k: int) -> float:
@@ -72,12 +79,16 @@ def rho_star(target, draft, k: int) -> float:
     order = np.argsort(r, kind="stable")
     rs, ps, qs = r[order], target[pos][order], draft[pos][order]
     cum_p = np.concatenate([[0.0], np.cumsum(ps)])  # B(rho) = sum of p over r < rho
+    cum_q = np.concatenate([[0.0], np.cumsum(qs)])  # sum of q over r < rho
     suf_q = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])  # A(rho) = sum of q over r >= rho
+    # sum of p over r >= rho, including the tokens the draft never proposes (r = inf)
+    suf_p = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]]) + float(target[~pos].sum())
 
     def segment_g(rho: float, i: int) -> float:
-        a_, b_ = suf_q[i], cum_p[i]
-        bt = a_ + b_ / rho
-        return _p_acc(min(bt, 1.0), k) - (a_ * rho + b_)
+        # on a segment: sum (p - rho q)_+ = suf_p - rho A and sum (q - p/rho)_+ = cum_q - B/rho
+        over = max(suf_p[i] - rho * suf_q[i], 0.0)
+        under = max(cum_q[i] - cum_p[i] / rho, 0.0)
+        return over - under**k
 
     inner = rs[(rs > 1.0) & (rs < k)]
     points = np.concatenate([[1.0], inner, [float(k)]])
@@ -109,10 +120,20 @@ def rho_star_bisect(target, draft, k: int, tol: float = 1e-12) -> float:
 
 
 def _residual(target, draft, k, rho):
+    r"""Unnormalised residual :math:`(p - \min(p/\rho, q)\, c)_+` with :math:`c = p_{acc}/\beta`.
+
+    Evaluated as :math:`\max(p - c q,\ p\,\epsilon,\ 0)` with
+    :math:`\epsilon = 1 - c/\rho = -g(\rho)/(\rho\beta) \ge 0` from the stable form of
+    :func:`g` (the torch twin does the same): on the tokens with :math:`p < \rho q` the
+    naive :math:`p - (p/\rho) c` is pure cancellation, ~1e-14 p at
+    :math:`\rho^*(1 + \mathrm{SAFETY})`, while here it is exactly what g says.
+    """
     b = beta(target, draft, rho)
     if b <= 0.0:
         return target.copy()
-    return positive_part(target - np.minimum(target / rho, draft) * (_p_acc(b, k) / b))
+    c = _p_acc(b, k) / b
+    eps = max(-g(target, draft, k, rho), 0.0) / (rho * b)
+    return np.maximum(np.maximum(target - c * draft, target * eps), 0.0)
 
 
 def law(target, draft, drafts, rho: float | None = None) -> np.ndarray:

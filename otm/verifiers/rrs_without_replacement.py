@@ -40,13 +40,15 @@ def law(target, draft, drafts) -> np.ndarray:
     out = np.zeros_like(target)
     current, proposal = target, draft  # p_i, q_i
     stay = 1.0
-    for x in d:
+    for i, x in enumerate(d):
         a = min(1.0, current[x] / proposal[x])
         out[x] += stay * a
         stay *= 1.0 - a
         if stay == 0.0:
             return out
         current = residual_law(positive_part(current - proposal), current)
+        if i == d.size - 1:
+            break  # no further draft: the proposal is not needed (and may have no mass left)
         proposal = proposal.copy()
         proposal[x] = 0.0
         proposal = proposal / proposal.sum()
@@ -62,6 +64,8 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
             return Outcome(int(x), i)
         nxt = positive_part(current - proposal)
         current = nxt / nxt.sum() if nxt.sum() > 0 else current
+        if i == d.size - 1:
+            break
         proposal = np.where(np.arange(proposal.size) == x, 0.0, proposal)
         proposal = proposal / proposal.sum()
     return Outcome(residual_sample(rng, current, current), None)

@@ -1,0 +1,171 @@
+"""The ``otm`` command line.
+
+    otm acceptance --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 -k 2 --scheme iid [--json]
+    otm demo
+
+Bad input prints one line on stderr (``otm: error: ...``) and exits with status 2;
+no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .laws import OtmError, check_k, check_law
+
+EXIT_BAD_INPUT = 2
+DEFAULT_MAX_LP_VARIABLES = 2_000_000
+DEFAULT_MAX_TUPLES = 200_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message):  # pragma: no cover - exercised through main()
+        raise OtmError(f"{message} (see `{self.prog} --help`)")
+
+
+def parse_law(text: str, name: str) -> np.ndarray:
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise OtmError(f"--{name} must be comma-separated numbers like 0.5,0.3,0.2, got {text!r}") from None
+    return check_law(values, name)
+
+
+def acceptance_report(
+    target,
+    draft,
+    k: int,
+    scheme_name: str,
+    *,
+    max_lp_variables: int = DEFAULT_MAX_LP_VARIABLES,
+    max_tuples: int = DEFAULT_MAX_TUPLES,
+) -> dict:
+    """Optimum (LP and closed form) and every applicable verifier's exact acceptance and law error.
+
+    Returns the dictionary that ``otm acceptance --json`` prints.
+    """
+    from .exact import evaluate
+    from .lp import solve_lp
+    from .optimum import optimal_acceptance_of
+    from .schemes import make_scheme
+    from .verifiers import applicable
+
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
+    k = check_k(k)
+    scheme = make_scheme(scheme_name, draft, k)
+    lp = solve_lp(scheme, target, fold=True, backend="highs", max_variables=max_lp_variables)
+    fast = optimal_acceptance_of(scheme, target).value
+    verifiers = {}
+    for v in applicable(scheme):
+        ev = evaluate(v, scheme, target, limit=max_tuples)
+        verifiers[v.name] = {"acceptance": ev.acceptance, "law_error": ev.law_error}
+    return {"scheme": scheme.name, "k": k, "optimal": {"lp": lp.value, "fast": fast}, "verifiers": verifiers}
+
+
+def format_report(report: dict, V: int) -> str:
+    opt = report["optimal"]["lp"]
+    lines = [
+        f"scheme {report['scheme']}, k = {report['k']}, V = {V}",
+        f"  optimum alpha* (LP, HiGHS)   {report['optimal']['lp']:.9f}",
+        f"  optimum alpha* (closed form) {report['optimal']['fast']:.9f}",
+        "",
+        f"  {'verifier':<26}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}",
+    ]
+    for name, r in report["verifiers"].items():
+        ratio = r["acceptance"] / opt if opt > 0 else float("nan")
+        lines.append(f"  {name:<26}{r['acceptance']:>12.9f}{ratio:>11.4f}{r['law_error']:>12.1e}")
+    return "\n".join(lines)
+
+
+def _cmd_acceptance(args) -> int:
+    target = parse_law(args.target, "target")
+    draft = check_law(parse_law(args.draft, "draft"), "draft", size=target.size)
+    report = acceptance_report(
+        target, draft, args.k, args.scheme, max_lp_variables=args.max_lp_variables, max_tuples=args.max_tuples
+    )
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report, target.size))
+    return 0
+
+
+DEMO_CASES = [
+    ("README example: K-SEQ and RRS below the iid optimum", "0.5,0.3,0.2", "0.2,0.2,0.6", 2, "iid"),
+    ("same laws, drafts without replacement", "0.5,0.3,0.2", "0.2,0.2,0.6", 2, "without_replacement"),
+    ("same laws, greedy drafts (Hu et al.): the optimum is 1", "0.5,0.3,0.2", "0.2,0.2,0.6", 2, "greedy"),
+    ("no cover property (Sequoia): target [1,0], draft [.5,.5]", "1,0", "0.5,0.5", 2, "iid"),
+    (
+        "peaked 8-token laws, k = 3",
+        "0.42,0.2,0.12,0.1,0.07,0.05,0.03,0.01",
+        "0.3,0.3,0.05,0.15,0.1,0.04,0.04,0.02",
+        3,
+        "iid",
+    ),
+    (
+        "peaked 8-token laws, k = 3, without replacement",
+        "0.42,0.2,0.12,0.1,0.07,0.05,0.03,0.01",
+        "0.3,0.3,0.05,0.15,0.1,0.04,0.04,0.02",
+        3,
+        "without_replacement",
+    ),
+    ("SpecHub's two drafts around the hub", "0.42,0.2,0.12,0.1,0.16", "0.5,0.2,0.1,0.1,0.1", 2, "spechub"),
+]
+
+
+def _cmd_demo(args) -> int:
+    print("otm demo: exact optimum and exact verifier acceptance on instructive cases\n")
+    for title, t, d, k, scheme in DEMO_CASES:
+        target = parse_law(t, "target")
+        draft = parse_law(d, "draft")
+        print(f"== {title}\n   target {t}\n   draft  {d}")
+        print(format_report(acceptance_report(target, draft, k, scheme), target.size))
+        print()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="otm", description="Optimal transport with membership cost for speculative decoding.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub.required = True
+    acc = sub.add_parser("acceptance", help="optimum and verifier acceptances for one (target, draft, k, scheme)")
+    acc.add_argument("--target", required=True, help="target law, comma-separated, e.g. 0.5,0.3,0.2")
+    acc.add_argument("--draft", required=True, help="draft law, comma-separated, same length")
+    acc.add_argument("-k", type=int, default=2, help="drafts per position (default 2)")
+    acc.add_argument(
+        "--scheme",
+        default="iid",
+        choices=["iid", "without_replacement", "greedy", "spechub"],
+        help="how the k drafts are drawn (default iid)",
+    )
+    acc.add_argument("--json", action="store_true", help="print one JSON object")
+    acc.add_argument("--max-lp-variables", type=int, default=DEFAULT_MAX_LP_VARIABLES)
+    acc.add_argument("--max-tuples", type=int, default=DEFAULT_MAX_TUPLES, help="cap on enumerated draft tuples")
+    acc.set_defaults(func=_cmd_acceptance)
+    demo = sub.add_parser("demo", help="the main job: acceptance tables on instructive cases")
+    demo.set_defaults(func=_cmd_demo)
+    __import__("otm.gap", fromlist=["register"]).register(sub)  # `otm gap` (otm/gap.py)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except OtmError as exc:
+        print(f"otm: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("otm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
