@@ -61,7 +61,7 @@ def test_kseq_closed_form_rho_and_guarantee(laws, k):
     scheme = IID(draft, k)
     rho = kseq.rho_star(target, draft, k)
     assert 1.0 <= rho <= k
-    assert kseq.g(target, draft, k, rho) <= 1e-15  # valid
+    assert kseq.g(target, draft, k, rho) <= 1e-14  # valid (g is a difference of sums near 1: rounding ~1e-15)
     def accept_at(r):
         return np.minimum(target, r * draft).sum()
 

@@ -97,7 +97,9 @@ def rho_star(target, draft, k: int) -> float:
     first = int(np.argmax(gs <= 0.0)) if (gs <= 0.0).any() else len(points) - 1
     lo, hi = points[first - 1], points[first]
     seg = int(np.searchsorted(rs, lo, side="right"))  # A, B constant on (lo, hi)
-    if segment_g(hi, seg) >= 0.0:
+    if segment_g(lo, seg) <= 0.0:  # g ~ 0 at a breakpoint: the two one-sided forms differ by rounding
+        root = lo
+    elif segment_g(hi, seg) >= 0.0:
         root = hi
     else:
         root = brentq(lambda x: segment_g(x, seg), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
