@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -165,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("otm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `otm demo | head`: the reader left, stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
