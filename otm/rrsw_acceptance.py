@@ -35,8 +35,8 @@ conditional probability, not a 0/1 indicator, so the variance is far below that 
 simulating the verifier).
 
 >>> import numpy as np
->>> round(exact([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
-0.866667
+>>> round(exact([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)  # = otm.exact.evaluate on the same laws
+0.9
 """
 
 from __future__ import annotations
