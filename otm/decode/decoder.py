@@ -1,0 +1,503 @@
+r"""The multi-draft speculative decoder (SpecTr's tree decoder) and its baselines.
+
+One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3 of ``reference/theory.md``):
+
+1. **draft**: feed the draft model the committed tokens it has not seen (batch 1), giving
+   :math:`q(\cdot|c)`; draw k first tokens (scheme ``iid``: i.i.d.; ``without_replacement``:
+   k distinct tokens by successive sampling); then extend the k rows autoregressively to
+   length L in one batch-k forward per depth, each row's next token drawn from
+   :math:`q(\cdot|c, x_{<t})`. Rows that share a prefix draw from one law, computed once for
+   the prefix (the law of its first row), so the law the verifier is given is the law the
+   drafts were drawn from, bit for bit;
+2. **tree**: merge the k rows into a prefix tree (:class:`~otm.decode.tree.DraftTree`);
+3. **target pass**: ONE target forward over the pending tokens and every tree node, with a 4D
+   tree attention mask and explicit ``position_ids`` (:func:`~otm.decode.tree.tree_inputs`),
+   giving :math:`p(\cdot|\text{node})` at the root and at every node;
+4. **walk**: from the root, verify the children of the current node with the verifier
+   (drafts = the next tokens of the rows through the node, with multiplicity, in row order;
+   target and draft laws = the node's); emit its token y; if y is a child, move there and go
+   on, else stop (y was the correction token). At a node without children (a leaf at depth L)
+   emit the bonus token :math:`y \sim p(\cdot|\text{leaf})`;
+5. **rollback**: both caches go back to the committed tokens (target: crop the tree away and
+   feed the emitted tokens with the next step's tree; draft: keep the row that carries the
+   accepted path and crop it after the path).
+
+Exactness (each emitted token follows the target's processed law given the tokens before it):
+
+* ``iid`` (SpecTr Theorem 2): given everything decided at a node (its token, the draws and
+  uniforms of the levels above), the rows through the node continue with independent draws
+  from :math:`q(\cdot|\text{node})`; their next tokens are m i.i.d. drafts, m = the number of
+  rows through the node (a function of the past only). A verifier valid for m i.i.d. drafts
+  (``kseq`` with :math:`\rho^*` recomputed for m, ``rrs``) then emits y with law
+  :math:`p(\cdot|\text{node})` whatever m is, and y's own children are again i.i.d. given y.
+  Acceptance is read by value (is y a child?), which the argument allows whatever branch of the
+  rule produced y.
+* ``without_replacement``: the root's k first tokens are distinct (successive sampling without
+  replacement from :math:`q(\cdot|c)`, k reduced to the support size of the law if smaller,
+  a function of the law only), verified by ``rrs_without_replacement``, valid for that scheme.
+  Below the root each row is a single chain: given the accepted child, its one continuation is a
+  single draw from :math:`q(\cdot|\text{child})`, independent of the root's verification, so
+  single-draft speculative sampling (``speculative``) is exact at depths >= 1.
+* the bonus token after a fully accepted path and the correction token are the target's own
+  law given the path (the correction is part of the verifier's rule).
+
+Baselines through the same code: :func:`autoregressive_decode` (every step has no drafts: the
+root alone, y ~ target) and ``k = 1`` (a single chain: ordinary speculative sampling, Leviathan
+et al. 2023). Near ``max_new_tokens`` the depth is cut to ``remaining - 1`` (a function of the
+past, so still exact) and no token beyond the limit is drafted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import torch as ot
+from ..laws import OtmError
+from .sampling import Sampling, next_token_laws
+from .tree import DraftTree, tree_inputs
+
+SCHEMES = ("iid", "without_replacement")
+"""Draft schemes of the decoder."""
+
+VERIFIERS = {
+    "iid": ("kseq", "rrs", "speculative"),
+    "without_replacement": ("rrs_without_replacement", "speculative"),
+}
+"""Verifiers (names of :data:`otm.torch.VERIFIERS`) valid for each scheme; ``speculative`` needs k = 1."""
+
+
+# -- measurements -----------------------------------------------------------------------
+
+
+@dataclass
+class DecodeStats:
+    """Measurements of one decoding run.
+
+    ``block_efficiency`` = new tokens / target calls (SpecTr's block efficiency; the prompt's
+    prefill is part of the first call, so autoregressive decoding has 1.0). Acceptance at depth
+    d (1-based) = share of the verifications at depth d whose token was one of the drafts
+    (membership acceptance, ``reference/theory.md`` §0.3).
+    """
+
+    method: str
+    prompt_tokens: int
+    new_tokens: int = 0
+    steps: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    verified_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    stopped: str = ""
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else float("nan")
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        return [a / v if v else float("nan") for a, v in zip(self.accepted_by_depth, self.verified_by_depth)]
+
+    def summary(self) -> str:
+        acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth) or "-"
+        return (
+            f"{self.method}: {self.new_tokens} tokens in {self.target_calls} target calls "
+            f"(block efficiency {self.block_efficiency:.2f}), {self.draft_calls} draft calls, "
+            f"acceptance by depth [{acc}], {self.wall_seconds:.2f} s ({self.tokens_per_second:.1f} tokens/s; "
+            f"target {self.target_seconds:.2f} s, draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s), "
+            f"stopped at {self.stopped}"
+        )
+
+
+@dataclass
+class Generation:
+    """The new tokens of one run (prompt excluded) and its measurements."""
+
+    tokens: list[int]
+    stats: DecodeStats
+
+
+# -- models and caches ------------------------------------------------------------------
+
+
+def _device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point():
+            return t.device, t.dtype
+    raise OtmError(f"{type(model).__name__} has no floating parameters: give a causal language model")
+
+
+def _vocab_size(model) -> int | None:
+    config = getattr(model, "config", None)
+    v = getattr(config, "vocab_size", None)
+    return int(v) if v is not None else None
+
+
+class _Runner:
+    """A causal LM with its KV cache (a transformers ``Cache``; batch 1, or k rows while drafting)."""
+
+    def __init__(self, model, role: str):
+        self.model, self.role = model, role
+        self.device, self.dtype = _device_and_dtype(model)
+        self.cache = None
+        self.calls = 0
+
+    def length(self) -> int:
+        return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[b, q, V]`` of ``ids [b, q]`` at ``positions [b, q]``; the cache grows by q."""
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+        )
+        self.cache = out.past_key_values
+        self.calls += 1
+        return out.logits
+
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Feed a chain of tokens (batch 1) after the cache; logits ``[1, len, V]``."""
+        past = self.length()
+        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)  # [1, n]
+        positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
+        return self.forward(ids, positions)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` cached positions (transformers 5: ``crop`` takes minus the count to drop)."""
+        drop = self.length() - length
+        if drop < 0:
+            raise RuntimeError(f"{self.role} cache has {self.length()} positions, cannot keep {length}")
+        if drop:
+            self.cache.crop(-drop)
+
+
+def _check_models(target, draft) -> None:
+    vt, vd = _vocab_size(target), _vocab_size(draft)
+    if vt is not None and vd is not None and vt != vd:
+        raise OtmError(
+            f"target has a vocabulary of {vt} tokens and draft {vd}: speculative decoding needs two models "
+            "sharing one tokenizer and vocabulary"
+        )
+    if _device_and_dtype(target)[0] != _device_and_dtype(draft)[0]:
+        raise OtmError("target and draft are on different devices: put both models on one device")
+
+
+def _prompt_ids(input_ids, vocab: int | None) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.ndim == 2:
+            if input_ids.shape[0] != 1:
+                raise OtmError(f"the decoder runs one prompt at a time (batch size 1), got {input_ids.shape[0]} rows")
+            input_ids = input_ids[0]
+        if input_ids.ndim != 1 or input_ids.dtype.is_floating_point:
+            raise OtmError(f"input_ids must be token ids of shape [n] or [1, n], got {tuple(input_ids.shape)}")
+        ids = [int(t) for t in input_ids.tolist()]
+    else:
+        try:
+            ids = [int(t) for t in input_ids]
+        except (TypeError, ValueError):
+            raise OtmError("input_ids must be a list of token ids or a tensor [1, n]") from None
+    if not ids:
+        raise OtmError("the prompt is empty: give at least one token")
+    if vocab is not None and any(t < 0 or t >= vocab for t in ids):
+        raise OtmError(f"prompt token ids must lie in 0..{vocab - 1}")
+    return ids
+
+
+def _eos_set(eos_token_id) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def _check_positive(value, name: str, meaning: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OtmError(f"{name} must be a whole number >= 1 ({meaning}), got {value!r}")
+    return value
+
+
+def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable, str]:
+    """``(at the root, below the root, name)`` for a verifier name (or a callable) and a scheme.
+
+    A callable with the signature of :data:`otm.torch.VERIFIERS` is used at every node (tests
+    plant broken rules this way).
+    """
+    if scheme not in SCHEMES:
+        raise OtmError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
+    if callable(verifier):
+        return verifier, verifier, getattr(verifier, "__name__", "custom")
+    if verifier not in VERIFIERS[scheme]:
+        known = ", ".join(VERIFIERS[scheme])
+        raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
+    if verifier == "speculative" and k != 1:
+        raise OtmError(f"the speculative verifier takes one draft (k = 1), got k = {k}: use kseq or rrs")
+    root = ot.VERIFIERS[verifier]
+    if scheme == "without_replacement":
+        return root, ot.speculative, verifier  # single continuations below the root
+    return root, root, verifier
+
+
+# -- the decoder ------------------------------------------------------------------------
+
+
+class _Decoder:
+    def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
+                 generator, law_dtype, validate, method):
+        self.target = _Runner(target, "target")
+        self.draft = _Runner(draft, "draft") if draft is not None else None
+        self.k, self.L, self.scheme = k, length, scheme
+        self.root_verifier, self.deep_verifier = verifier
+        self.sampling, self.law_dtype, self.validate = sampling, law_dtype, validate
+        self.max_new, self.eos = max_new_tokens, eos
+        self.gen = generator
+        self.pending_target = list(prompt)  # committed tokens not in the target cache (last = root)
+        self.pending_draft = list(prompt)  # committed tokens not in the draft cache
+        self.V = None
+        self.stats = DecodeStats(
+            method=method, prompt_tokens=len(prompt), verified_by_depth=[0] * length, accepted_by_depth=[0] * length
+        )
+
+    def laws(self, logits: torch.Tensor, role: str) -> torch.Tensor:
+        if self.V is None:
+            self.V = logits.shape[-1]
+        elif logits.shape[-1] != self.V:
+            raise OtmError(
+                f"{role} gives {logits.shape[-1]} logits per position and the other model {self.V}: "
+                "both models must share one vocabulary"
+            )
+        return next_token_laws(logits, self.sampling, dtype=self.law_dtype)
+
+    # 1. drafting ---------------------------------------------------------------------------
+    def draft_rows(self, L: int):
+        """``(rows [k', L] int64, row_laws)``: ``row_laws[0]`` = q(.|c) ``[1, V]``, ``row_laws[t]``
+        ``[k', V]`` the law each row's token t was drawn from (one per distinct prefix)."""
+        d = self.draft
+        q_root = self.laws(d.feed(self.pending_draft)[:, -1], "draft")  # [1, V]
+        self.pending_draft = []
+        context = d.length()
+        if self.scheme == "iid":
+            first = ot.sample_iid(q_root, self.k, generator=self.gen, validate=self.validate)  # [1, k]
+        else:
+            k = min(self.k, int((q_root > 0).sum()))  # the scheme needs k tokens of positive mass
+            first = ot.sample_without_replacement(q_root, k, generator=self.gen, validate=self.validate)  # [1, k']
+        k = first.shape[1]
+        rows = torch.empty((k, L), dtype=torch.int64, device=first.device)  # [k', L]
+        rows[:, 0] = first[0]
+        row_laws = [q_root]
+        prefixes = [(t,) for t in first[0].tolist()]
+        if L > 1:
+            d.cache.batch_repeat_interleave(k)
+        for t in range(1, L):
+            positions = torch.full((k, 1), context + t - 1, dtype=torch.int64, device=d.device)  # [k', 1]
+            laws = self.laws(d.forward(rows[:, t - 1 : t], positions)[:, -1], "draft")  # [k', V]
+            seen: dict[tuple, int] = {}
+            representative = [seen.setdefault(p, j) for j, p in enumerate(prefixes)]  # first row of each prefix
+            laws = laws[representative]  # [k', V]: one law per distinct prefix
+            rows[:, t] = ot.sample_iid(laws, 1, generator=self.gen, validate=self.validate)[:, 0]
+            row_laws.append(laws)
+            prefixes = [p + (x,) for p, x in zip(prefixes, rows[:, t].tolist())]
+        return rows, row_laws, context
+
+    # 3. target pass --------------------------------------------------------------------------
+    def score(self, tree: DraftTree) -> torch.Tensor:
+        """Target laws ``[N, V]`` at every node (one target forward)."""
+        t = self.target
+        past = t.length()
+        ids, positions, mask = tree_inputs(tree, self.pending_target, past, dtype=t.dtype, device=t.device)
+        logits = t.forward(ids, positions, mask)[0, len(self.pending_target) - 1 :]  # [N, V]
+        return self.laws(logits, "target")
+
+    # 4. walk ---------------------------------------------------------------------------------
+    def walk(self, tree: DraftTree, rows, row_laws, target_laws) -> tuple[list[int], int]:
+        """Emitted tokens and the node where the accepted path ends."""
+        node, emitted = 0, []
+        while True:
+            kids = tree.children[node]
+            p_node = target_laws[node : node + 1]  # [1, V]
+            if not kids:  # a leaf (or no drafts at all): the target's own draw (bonus token)
+                emitted.append(int(ot.sample_iid(p_node, 1, generator=self.gen, validate=self.validate)[0, 0]))
+                return emitted, node
+            depth = tree.depth[node]
+            through = tree.rows_through[node]
+            drafts = rows[through, depth][None]  # [1, m]: the children's tokens with multiplicity
+            q_node = row_laws[depth][through[0] if depth else 0][None]  # [1, V]
+            verify = self.root_verifier if depth == 0 else self.deep_verifier
+            y = int(verify(p_node, q_node.to(p_node.device), drafts, generator=self.gen, validate=self.validate).token[0])
+            emitted.append(y)
+            self.stats.verified_by_depth[depth] += 1
+            child = next((c for c in kids if int(tree.tokens[c]) == y), None)
+            if child is None:  # y is the correction token
+                return emitted, node
+            self.stats.accepted_by_depth[depth] += 1
+            node = child
+
+    # one step ----------------------------------------------------------------------------------
+    def step(self, remaining: int) -> list[int]:
+        L = min(self.L, remaining - 1) if self.draft is not None else 0
+        root = self.pending_target[-1]
+        t0 = time.perf_counter()
+        if L >= 1:
+            rows, row_laws, context = self.draft_rows(L)
+            tree = DraftTree.from_rows(rows, root)
+        else:
+            rows, row_laws, context, tree = None, None, None, DraftTree.root_only(root)
+        t1 = time.perf_counter()
+        past = self.target.length()
+        target_laws = self.score(tree)  # [N, V]
+        t2 = time.perf_counter()
+        emitted, end = self.walk(tree, rows, row_laws, target_laws)
+        t3 = time.perf_counter()
+        # 5. rollback: the target keeps the committed context, the emitted tokens come with the next tree
+        self.target.truncate(past + len(self.pending_target))
+        self.pending_target = list(emitted)
+        accepted = len(emitted) - 1  # tokens of the accepted path
+        if L >= 1:
+            if L > 1:  # keep one row that carries the accepted path (any row through its end node)
+                row = tree.rows_through[end][0] if end else 0
+                self.draft.cache.batch_select_indices(torch.tensor([row], device=self.draft.device))
+            kept = min(accepted, L - 1)  # the row holds its tokens 1..L-1
+            self.draft.truncate(context + kept)
+            self.pending_draft = emitted[kept:]
+        else:
+            self.pending_draft.extend(emitted)
+        self.stats.draft_seconds += t1 - t0
+        self.stats.target_seconds += t2 - t1
+        self.stats.verify_seconds += t3 - t2
+        self.stats.steps += 1
+        return emitted
+
+    def run(self, on_tokens) -> Generation:
+        out: list[int] = []
+        start = time.perf_counter()
+        stopped = "max_new_tokens"
+        with torch.inference_mode():
+            while len(out) < self.max_new:
+                new = self.step(self.max_new - len(out))[: self.max_new - len(out)]
+                hit = next((i for i, t in enumerate(new) if t in self.eos), None)
+                if hit is not None:
+                    new = new[: hit + 1]
+                out.extend(new)
+                if on_tokens is not None:
+                    on_tokens(new)
+                if hit is not None:
+                    stopped = "eos"
+                    break
+        s = self.stats
+        s.wall_seconds = time.perf_counter() - start
+        s.new_tokens = len(out)
+        s.target_calls = self.target.calls
+        s.draft_calls = self.draft.calls if self.draft is not None else 0
+        s.stopped = stopped
+        return Generation(out, s)
+
+
+def _generator(generator, seed, device) -> torch.Generator:
+    if generator is not None:
+        if seed is not None:
+            raise OtmError("give a generator or a seed, not both")
+        return generator
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def speculative_decode(
+    target,
+    draft,
+    input_ids,
+    *,
+    k: int = 4,
+    length: int = 4,
+    verifier="kseq",
+    scheme: str = "iid",
+    sampling: Sampling | None = None,
+    max_new_tokens: int = 64,
+    eos_token_id=None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    law_dtype: torch.dtype = torch.float32,
+    validate: bool = True,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> Generation:
+    """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
+
+    Parameters
+    ----------
+    target, draft : causal LMs with the transformers interface (``model(input_ids=,
+        position_ids=, attention_mask=4D, past_key_values=, use_cache=True)`` returning ``.logits``
+        and a ``Cache`` with ``crop``, ``batch_repeat_interleave``, ``batch_select_indices``),
+        sharing one vocabulary, on one device.
+    input_ids : list of int, or tensor ``[n]`` / ``[1, n]`` (batch size 1).
+    k : drafts per position (rows of the tree), >= 1.
+    length : draft depth L, >= 1.
+    verifier : name in :data:`VERIFIERS` for the scheme, or a callable with the signature of
+        :data:`otm.torch.VERIFIERS`.
+    scheme : ``"iid"`` or ``"without_replacement"``.
+    sampling : :class:`~otm.decode.sampling.Sampling` for both models (default temperature 1).
+    max_new_tokens : >= 1;  eos_token_id : int, list of int or None (stop after emitting one).
+    generator, seed : randomness (a torch.Generator on the models' device, or a seed).
+    law_dtype : float32 or float64, the dtype of both models' laws.
+    validate : run the verifiers' value checks (one synchronisation per call).
+    on_tokens : called with each step's new tokens (streaming).
+
+    Returns
+    -------
+    Generation(tokens, stats)
+    """
+    k = _check_positive(k, "k", "drafts per position")
+    length = _check_positive(length, "length", "draft depth L")
+    max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
+    sampling = Sampling() if sampling is None else sampling
+    verifiers = resolve_verifiers(verifier, scheme, k)
+    _check_models(target, draft)
+    prompt = _prompt_ids(input_ids, _vocab_size(target))
+    device = _device_and_dtype(target)[0]
+    decoder = _Decoder(
+        target, draft, prompt, k=k, length=length, scheme=scheme, verifier=verifiers[:2], sampling=sampling,
+        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), generator=_generator(generator, seed, device),
+        law_dtype=law_dtype, validate=validate, method=f"{verifiers[2]} {scheme} k={k} L={length}",
+    )
+    return decoder.run(on_tokens)
+
+
+def autoregressive_decode(
+    target,
+    input_ids,
+    *,
+    sampling: Sampling | None = None,
+    max_new_tokens: int = 64,
+    eos_token_id=None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    law_dtype: torch.dtype = torch.float32,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> Generation:
+    """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
+
+    Each step is one target call on the pending tokens and one inverse-CDF draw from the
+    processed law; block efficiency is 1.
+    """
+    max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
+    sampling = Sampling() if sampling is None else sampling
+    prompt = _prompt_ids(input_ids, _vocab_size(target))
+    device = _device_and_dtype(target)[0]
+    decoder = _Decoder(
+        target, None, prompt, k=1, length=0, scheme="iid", verifier=(None, None), sampling=sampling,
+        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), generator=_generator(generator, seed, device),
+        law_dtype=law_dtype, validate=True, method="autoregressive",
+    )
+    return decoder.run(on_tokens)
