@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: acceptance tables on instructive cases")
     demo.set_defaults(func=_cmd_demo)
     __import__("otm.gap", fromlist=["register"]).register(sub)  # `otm gap` (otm/gap.py)
+    __import__("otm.decode.cli", fromlist=["register"]).register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)
     return parser
 
 

@@ -392,3 +392,69 @@ def test_processed_laws_match_transformers_warpers():
         ours = next_token_laws(logits, Sampling(temperature=t, top_k=k, top_p=p))
         torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
         assert torch.equal(ours == 0, ref == 0)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+
+
+def _save_pair(root, *, draft_vocab: int = 6):
+    """A tiny target/draft pair with a word-level tokenizer, saved as Hugging Face directories."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<eos>": 1, "a": 2, "b": 3, "c": 4, "d": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>")
+    paths = []
+    for name, seed, v in (("target", 20, 6), ("draft", 21, draft_vocab)):
+        model = tiny_llama(seed, V=v, scale=0.5)
+        path = root / name
+        model.save_pretrained(path)
+        if name == "target":
+            tokenizer.save_pretrained(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_cli_decode_and_bench_on_tiny_models(tmp_path, capsys):
+    from otm.cli import main
+
+    target, draft = _save_pair(tmp_path)
+    models = ["--target", target, "--draft", draft, "--no-progress", "--max-new-tokens", "6"]
+    assert main(["decode", "--prompt", "a b c", "-k", "3", "--length", "2", "--verifier", "kseq", *models]) == 0
+    out = capsys.readouterr().out
+    assert "kseq iid k=3 L=2" in out and "block efficiency" in out
+    assert main(["decode", "--prompt", "a b", "--verifier", "rrs_without_replacement", "-k", "2", *models]) == 0
+    assert "rrs_without_replacement without_replacement" in capsys.readouterr().out
+    assert main(["decode", "--prompt", "a b", "--autoregressive", *models]) == 0
+    assert "autoregressive" in capsys.readouterr().out
+    assert main(["bench-decode", "--k", "1,2", "--length", "2", "--verifiers", "kseq,rrs_without_replacement",
+                 "--prompts", "2", *models]) == 0
+    out = capsys.readouterr().out
+    for row in ("autoregressive", "hf assisted", "speculative k=1 L=2", "kseq k=2 L=2", "rrs_without_replacement k=2 L=2",
+                "machine:", "load average"):
+        assert row in out, row
+
+
+def test_cli_bad_input_one_line(tmp_path, capsys):
+    from otm.cli import main
+
+    target, draft = _save_pair(tmp_path / "ok")
+    _, other = _save_pair(tmp_path / "mismatch", draft_vocab=7)
+    cases = [
+        ["decode", "--prompt", "a", "--target", str(tmp_path / "nowhere"), "--draft", draft],
+        ["decode", "--prompt", "a", "--target", target, "--draft", other],
+        ["decode", "--prompt", "a", "-k", "0", "--target", target, "--draft", draft],
+        ["decode", "--prompt", "a", "--length", "0", "--target", target, "--draft", draft],
+        ["decode", "--prompt", "  ", "--target", target, "--draft", draft],
+        ["decode", "--prompt", "a", "--verifier", "speculative", "-k", "2", "--target", target, "--draft", draft],
+        ["bench-decode", "--k", "0,2", "--target", target, "--draft", draft],
+        ["bench-decode", "--length", "x", "--target", target, "--draft", draft],
+        ["bench-decode", "--verifiers", "nope", "--target", target, "--draft", draft],
+    ]
+    capsys.readouterr()
+    for argv in cases:
+        assert main(argv) == 2, argv
+        lines = [line for line in capsys.readouterr().err.splitlines() if "otm: error:" in line]
+        assert len(lines) == 1 and lines[0].startswith("otm: error:"), (argv, lines)

@@ -5,31 +5,34 @@
 ...                          sampling=Sampling(temperature=1.0), max_new_tokens=64, seed=0)  # doctest: +SKIP
 >>> gen.tokens, gen.stats.block_efficiency   # doctest: +SKIP
 
-See ``docs/decode.md`` and :mod:`otm.decode.decoder` for the algorithm and its exactness.
+Modules: :mod:`~otm.decode.sampling` (processed laws), :mod:`~otm.decode.tree` (prefix tree,
+4D mask), :mod:`~otm.decode.decoder` (drafting, target pass, walk, rollback, baselines),
+:mod:`~otm.decode.exact` (exact law of the decoder by enumeration), :mod:`~otm.decode.bench`
+and :mod:`~otm.decode.cli` (``otm decode``, ``otm bench-decode``). See ``docs/decode.md``.
+
+Names are imported lazily, so ``otm.cli`` can register the subcommands without importing torch.
 """
 
-from .decoder import (
-    SCHEMES,
-    VERIFIERS,
-    DecodeStats,
-    Generation,
-    autoregressive_decode,
-    resolve_verifiers,
-    speculative_decode,
-)
-from .sampling import Sampling, next_token_laws
-from .tree import DraftTree, tree_inputs
+from importlib import import_module
 
-__all__ = [
-    "SCHEMES",
-    "VERIFIERS",
-    "DecodeStats",
-    "Generation",
-    "Sampling",
-    "DraftTree",
-    "autoregressive_decode",
-    "next_token_laws",
-    "resolve_verifiers",
-    "speculative_decode",
-    "tree_inputs",
-]
+_NAMES = {
+    "SCHEMES": "decoder",
+    "VERIFIERS": "decoder",
+    "DecodeStats": "decoder",
+    "Generation": "decoder",
+    "autoregressive_decode": "decoder",
+    "resolve_verifiers": "decoder",
+    "speculative_decode": "decoder",
+    "Sampling": "sampling",
+    "next_token_laws": "sampling",
+    "DraftTree": "tree",
+    "tree_inputs": "tree",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        return getattr(import_module(f".{_NAMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

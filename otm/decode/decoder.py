@@ -49,6 +49,7 @@ past, so still exact) and no token beyond the limit is drafted.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -152,25 +153,33 @@ class _Runner:
         self.device, self.dtype = _device_and_dtype(model)
         self.cache = None
         self.calls = 0
+        # transformers' causal LMs can skip the vocabulary projection of positions whose logits are not needed
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def length(self) -> int:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[b, q, V]`` of ``ids [b, q]`` at ``positions [b, q]``; the cache grows by q."""
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None, keep: int = 0):
+        """Logits ``[b, q', V]`` of ``ids [b, q]`` at ``positions [b, q]``; the cache grows by q.
+
+        ``keep > 0``: only the last ``keep`` positions' logits are needed (``q' = keep`` when the
+        model supports ``logits_to_keep``, else q); read them as ``logits[:, -keep:]``.
+        """
+        extra = {"logits_to_keep": keep} if keep and self.keeps_logits else {}
         out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+            **extra,
         )
         self.cache = out.past_key_values
         self.calls += 1
         return out.logits
 
     def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Feed a chain of tokens (batch 1) after the cache; logits ``[1, len, V]``."""
+        """Feed a chain of tokens (batch 1) after the cache; logits of the last one ``[1, V]``."""
         past = self.length()
         ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)  # [1, n]
         positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
-        return self.forward(ids, positions)
+        return self.forward(ids, positions, keep=1)[:, -1]
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached positions (transformers 5: ``crop`` takes minus the count to drop)."""
@@ -283,7 +292,7 @@ class _Decoder:
         """``(rows [k', L] int64, row_laws)``: ``row_laws[0]`` = q(.|c) ``[1, V]``, ``row_laws[t]``
         ``[k', V]`` the law each row's token t was drawn from (one per distinct prefix)."""
         d = self.draft
-        q_root = self.laws(d.feed(self.pending_draft)[:, -1], "draft")  # [1, V]
+        q_root = self.laws(d.feed(self.pending_draft), "draft")  # [1, V]
         self.pending_draft = []
         context = d.length()
         if self.scheme == "iid":
@@ -315,7 +324,7 @@ class _Decoder:
         t = self.target
         past = t.length()
         ids, positions, mask = tree_inputs(tree, self.pending_target, past, dtype=t.dtype, device=t.device)
-        logits = t.forward(ids, positions, mask)[0, len(self.pending_target) - 1 :]  # [N, V]
+        logits = t.forward(ids, positions, mask, keep=tree.size)[0, -tree.size :]  # [N, V]: the root and the nodes
         return self.laws(logits, "target")
 
     # 4. walk ---------------------------------------------------------------------------------

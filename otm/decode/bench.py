@@ -1,0 +1,213 @@
+"""``otm bench-decode``: block efficiency and wall clock of the decoder and its peers on fixed prompts.
+
+Contenders, all on the same models, prompts, sampling and token budget, in one run:
+
+* ``autoregressive``: :func:`otm.decode.autoregressive_decode` (block efficiency 1 by definition);
+* ``hf assisted``: transformers' own assisted generation, ``target.generate(...,
+  assistant_model=draft, do_sample=True)`` with transformers' default assistant settings; its
+  target calls are counted by a forward hook on the target;
+* ``k = 1`` (ordinary speculative sampling) for each L;
+* k x L for each verifier (``kseq``, ``rrs`` on i.i.d. drafts; ``rrs_without_replacement`` on
+  drafts without replacement).
+
+Every prompt runs every contender in turn (interleaved), so a slow spell of the shared machine
+hits all of them alike. Seeds are per (prompt, contender). Figures are totals over the prompts:
+block efficiency = new tokens / target calls, tokens/s = new tokens / wall seconds, speedup =
+tokens/s over the autoregressive row's.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+PROMPTS = (
+    "Write a short story about a robot who learns to paint.",
+    "Explain why the sky is blue in simple terms.",
+    "Give me three tips for learning a new programming language.",
+    "What are the main differences between a cat and a dog as pets?",
+    "Describe the water cycle step by step.",
+    "Write a haiku about autumn leaves.",
+    "How does a bicycle stay upright when it moves?",
+    "Summarize the plot of a fairy tale of your choice in a few sentences.",
+)
+"""The fixed prompt set (user messages; the tokenizer's chat template is applied when it has one)."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    kind: str  # "autoregressive", "hf_assisted" or "speculative"
+    k: int = 0
+    length: int = 0
+    verifier: str = ""
+    scheme: str = ""
+
+
+@dataclass
+class Row:
+    contender: Contender
+    new_tokens: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    wall_seconds: float = 0.0
+    verified1: int = 0
+    accepted1: int = 0
+    runs: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds else float("nan")
+
+
+def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
+    """The bench's rows: autoregressive, HF assisted, k = 1 per L, then k x L per verifier."""
+    from .decoder import VERIFIERS
+
+    rows = [Contender("autoregressive", "autoregressive")]
+    if hf:
+        rows.append(Contender("hf assisted (transformers defaults)", "hf_assisted"))
+    if 1 in ks:
+        for L in lengths:
+            rows.append(Contender(f"speculative k=1 L={L}", "speculative", 1, L, "speculative", "iid"))
+    for v in verifiers:
+        scheme = next((s for s, names in VERIFIERS.items() if v in names), None)
+        for k in ks:
+            if k == 1:
+                continue
+            for L in lengths:
+                rows.append(Contender(f"{v} k={k} L={L}", "speculative", k, L, v, scheme))
+    return rows
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of a user message: the chat template with the generation prompt when there is one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(text)["input_ids"]]
+
+
+def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, float]:
+    """transformers' assisted generation: (new tokens, target calls, seconds)."""
+    import torch
+
+    calls = [0]
+    hook = target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        inp = torch.tensor([ids], device=target.device)
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = target.generate(
+                inp, attention_mask=torch.ones_like(inp), assistant_model=draft, do_sample=sampling.temperature > 0,
+                temperature=sampling.temperature if sampling.temperature > 0 else None, top_k=sampling.top_k,
+                top_p=sampling.top_p, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
+            )
+        seconds = time.perf_counter() - start
+    finally:
+        hook.remove()
+    return out.shape[1] - len(ids), calls[0], seconds
+
+
+def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts) -> list[str]:
+    import torch
+    import transformers
+
+    def size(m):
+        return sum(p.numel() for p in m.parameters())
+
+    return [
+        f"machine: {platform.platform()}; {platform.machine()}; {os.cpu_count()} CPUs; python {platform.python_version()}",
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads); transformers {transformers.__version__}; "
+        f"device {device}; dtype {dtype}",
+        f"target {type(target).__name__} {size(target) / 1e6:.1f}M params; draft {type(draft).__name__} "
+        f"{size(draft) / 1e6:.1f}M params; V = {target.config.vocab_size}",
+        f"sampling: temperature {sampling.temperature}, top-k {sampling.top_k}, top-p {sampling.top_p}; "
+        f"max new tokens {max_new_tokens}; {n_prompts} prompts; seed {seed}",
+        f"command: {' '.join(['otm'] + sys.argv[1:]) if sys.argv else 'otm bench-decode'}",
+    ]
+
+
+def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
+              hf=True, progress=True, out=print) -> list[Row]:
+    """Run the table (see the module docstring) and print it with ``out``; returns the rows."""
+    import torch
+    from tqdm import tqdm
+
+    from .decoder import autoregressive_decode, speculative_decode
+
+    prompts = [encode_prompt(tokenizer, p) for p in PROMPTS[:n_prompts]]
+    eos = tokenizer.eos_token_id
+    rows = [Row(c) for c in contenders(ks, lengths, verifiers, hf=hf)]
+    autoregressive_decode(target, prompts[0], sampling=sampling, max_new_tokens=4, seed=seed)  # warm-up
+    speculative_decode(target, draft, prompts[0], k=2, length=2, sampling=sampling, max_new_tokens=4, seed=seed)
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
+    for i, ids in enumerate(prompts):
+        for j, row in enumerate(rows):
+            c = row.contender
+            run_seed = seed * 1_000_003 + i * 1009 + j
+            bar.set_postfix_str(c.name)
+            if c.kind == "hf_assisted":
+                new, calls, seconds = _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, run_seed)
+                row.new_tokens += new
+                row.target_calls += calls
+                row.wall_seconds += seconds
+            else:
+                if c.kind == "autoregressive":
+                    g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
+                                              eos_token_id=eos, seed=run_seed)
+                else:
+                    g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier,
+                                           scheme=c.scheme, sampling=sampling, max_new_tokens=max_new_tokens,
+                                           eos_token_id=eos, seed=run_seed)
+                s = g.stats
+                row.new_tokens += s.new_tokens
+                row.target_calls += s.target_calls
+                row.draft_calls += s.draft_calls
+                row.wall_seconds += s.wall_seconds
+                if s.verified_by_depth:
+                    row.verified1 += s.verified_by_depth[0]
+                    row.accepted1 += s.accepted_by_depth[0]
+            row.runs += 1
+            bar.update(1)
+    bar.close()
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    dtype = next(target.parameters()).dtype
+    for line in conditions(target, draft, dtype=dtype, device=next(target.parameters()).device, seed=seed,
+                           sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts)):
+        out(line)
+    if load_start is not None:
+        out(f"load average (1, 5, 15 min) at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
+            f"at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    out("")
+    out(format_table(rows))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    ar = next((r for r in rows if r.contender.kind == "autoregressive"), None)
+    base = ar.tokens_per_second if ar is not None else float("nan")
+    head = (f"| {'contender':<36} | tokens | target calls | block efficiency | acceptance at depth 1 | "
+            f"draft calls | wall s | tokens/s | speedup |")
+    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
+    for r in rows:
+        acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
+        draft_calls = str(r.draft_calls) if r.contender.kind == "speculative" else "-"
+        lines.append(
+            f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
+            f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {r.tokens_per_second:>8.1f} | "
+            f"{r.tokens_per_second / base:>7.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""``otm decode`` and ``otm bench-decode`` (registered by :func:`register` from ``otm.cli``).
+
+    otm decode --prompt "Tell me a story" -k 8 --length 4 --verifier kseq [--scheme iid]
+               [--temperature 1 --top-k 0 --top-p 1] [--max-new-tokens 64]
+               [--target PATH --draft PATH] [--seed 0] [--autoregressive]
+    otm bench-decode [--k 1,2,4,8] [--length 2,4,8] [--verifiers kseq,rrs,rrs_without_replacement]
+                     [--max-new-tokens 64] [--prompts 8] [--no-hf]
+
+Models: ``--target``/``--draft`` are Hugging Face model directories; left out, the embedded pair
+of :func:`otm.models.load_pair` (SmolLM2-135M-Instruct and the committed draft). The prompt is
+a user message passed through the tokenizer's chat template (``--raw`` feeds it as is).
+Bad input raises :class:`otm.laws.OtmError` (one line; ``otm.cli.main`` prints it, exit 2).
+Nothing here imports torch until a command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..laws import OtmError
+
+DEFAULT_KS = "1,2,4,8"
+DEFAULT_LENGTHS = "2,4,8"
+DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement"
+ALL_VERIFIERS = ("kseq", "rrs", "speculative", "rrs_without_replacement")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise OtmError(f"--{name} must be comma-separated whole numbers like 1,4,8, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise OtmError(f"--{name} needs whole numbers >= 1, got {text!r}")
+    return values
+
+
+def _common(p) -> None:
+    p.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="draft model directory (default: the embedded draft)")
+    p.add_argument("--temperature", type=float, default=1.0, help="for both models; 0 = greedy (default 1)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (default 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, 1 = off (default 1)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def register(sub) -> None:
+    """Add ``decode`` and ``bench-decode`` to the ``otm`` subcommands."""
+    dec = sub.add_parser("decode", help="multi-draft speculative decoding of one prompt (streams text)")
+    dec.add_argument("--prompt", required=True, help="the user message")
+    dec.add_argument("-k", type=int, default=4, help="drafts per position (default 4)")
+    dec.add_argument("--length", "-L", type=int, default=4, help="draft depth L (default 4)")
+    dec.add_argument("--verifier", default="kseq", choices=ALL_VERIFIERS, help="verification rule (default kseq)")
+    dec.add_argument("--scheme", default=None, choices=["iid", "without_replacement"],
+                     help="draft scheme (default: without_replacement for rrs_without_replacement, else iid)")
+    dec.add_argument("--autoregressive", action="store_true", help="sample from the target alone (baseline)")
+    dec.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    _common(dec)
+    dec.set_defaults(func=cmd_decode)
+
+    bench = sub.add_parser("bench-decode", help="block efficiency and speed table on a fixed prompt set")
+    bench.add_argument("--k", default=DEFAULT_KS, help=f"drafts per position, comma-separated (default {DEFAULT_KS})")
+    bench.add_argument("--length", default=DEFAULT_LENGTHS, help=f"draft depths (default {DEFAULT_LENGTHS})")
+    bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2 (default {DEFAULT_VERIFIERS})")
+    bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts (default 8, at most 8)")
+    bench.add_argument("--no-hf", action="store_true", help="leave out transformers' assisted generation")
+    _common(bench)
+    bench.set_defaults(func=cmd_bench)
+
+
+def _sampling(args):
+    from .sampling import Sampling
+
+    return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _load(args):
+    import torch
+
+    from ..models import load_pair
+
+    dtype = getattr(torch, args.dtype)
+    return load_pair(args.target, args.draft, dtype=dtype, device=args.device)
+
+
+def cmd_decode(args) -> int:
+    from .bench import encode_prompt
+    from .decoder import autoregressive_decode, resolve_verifiers, speculative_decode
+
+    sampling = _sampling(args)
+    scheme = args.scheme or ("without_replacement" if args.verifier == "rrs_without_replacement" else "iid")
+    if not args.prompt.strip():
+        raise OtmError("the prompt is empty: give some text with --prompt")
+    if not args.autoregressive:
+        for value, name in ((args.k, "k"), (args.length, "length")):
+            if value < 1:
+                raise OtmError(f"{name} must be >= 1, got {value}")
+        resolve_verifiers(args.verifier, scheme, args.k)  # refuse a bad combination before loading models
+    if args.max_new_tokens < 1:
+        raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    target, draft, tokenizer = _load(args)
+    ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
+    from tqdm import tqdm
+
+    bar = tqdm(total=args.max_new_tokens, disable=args.no_progress, file=sys.stderr, unit="tok", leave=False)
+    tokens: list[int] = []
+    shown = [""]
+
+    def stream(new: list[int]) -> None:
+        tokens.extend(new)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.startswith(shown[0]):  # print what is new (a merge may rewrite the tail: wait for it)
+            sys.stdout.write(text[len(shown[0]) :])
+            sys.stdout.flush()
+            shown[0] = text
+        bar.update(len(new))
+
+    eos = tokenizer.eos_token_id
+    if args.autoregressive:
+        g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                                  eos_token_id=eos, seed=args.seed, on_tokens=stream)
+    else:
+        g = speculative_decode(target, draft, ids, k=args.k, length=args.length, verifier=args.verifier, scheme=scheme,
+                               sampling=sampling, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+                               seed=args.seed, on_tokens=stream)
+    bar.close()
+    final = tokenizer.decode(tokens, skip_special_tokens=True)
+    if final.startswith(shown[0]):
+        sys.stdout.write(final[len(shown[0]) :])
+    print()
+    print(g.stats.summary())
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import PROMPTS, run_bench
+    from .decoder import VERIFIERS
+
+    ks = _int_list(args.k, "k")
+    lengths = _int_list(args.length, "length")
+    verifiers = [v for v in args.verifiers.replace(" ", "").split(",") if v]
+    known = sorted({v for names in VERIFIERS.values() for v in names} - {"speculative"})
+    bad = [v for v in verifiers if v not in known]
+    if bad:
+        raise OtmError(f"unknown verifier {bad[0]!r} for bench-decode: choose among {', '.join(known)} (k = 1 rows run anyway)")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        raise OtmError(f"--prompts must lie in 1..{len(PROMPTS)}, got {args.prompts}")
+    if args.max_new_tokens < 1:
+        raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    sampling = _sampling(args)
+    target, draft, tokenizer = _load(args)
+    run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
+              max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
+              progress=not args.no_progress)
+    return 0
