@@ -1,9 +1,11 @@
 """Multi-draft speculative decoding with Hugging Face causal LMs (torch; uses :mod:`otm.torch`).
 
->>> from otm.decode import speculative_decode, autoregressive_decode, Sampling   # doctest: +SKIP
->>> gen = speculative_decode(target, draft, prompt_ids, k=4, length=4, verifier="kseq",
-...                          sampling=Sampling(temperature=1.0), max_new_tokens=64, seed=0)  # doctest: +SKIP
->>> gen.tokens, gen.stats.block_efficiency   # doctest: +SKIP
+Usage (``target``, ``draft``: transformers causal LMs sharing a vocabulary)::
+
+    from otm.decode import Sampling, speculative_decode
+    gen = speculative_decode(target, draft, prompt_ids, k=4, length=4, verifier="kseq",
+                             sampling=Sampling(temperature=1.0), max_new_tokens=64, seed=0)
+    gen.tokens, gen.stats.block_efficiency
 
 Modules: :mod:`~otm.decode.sampling` (processed laws), :mod:`~otm.decode.tree` (prefix tree,
 4D mask), :mod:`~otm.decode.decoder` (drafting, target pass, walk, rollback, baselines),
