@@ -98,12 +98,21 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
-def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, float]:
-    """transformers' assisted generation: (new tokens, target calls, seconds)."""
+def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
+    """transformers' assisted generation: (new tokens, target calls, draft calls, seconds).
+
+    transformers' defaults for the assistant (5.23): ``num_assistant_tokens=20`` with the
+    ``"constant"`` schedule, ``assistant_confidence_threshold=0.4`` (drafting stops early when the
+    draft's confidence drops below it; the threshold adapts and persists across calls with the
+    same assistant). Calls are counted by forward hooks.
+    """
     import torch
 
-    calls = [0]
-    hook = target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    calls = [0, 0]
+    hooks = [
+        target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)),
+        draft.register_forward_hook(lambda *_: calls.__setitem__(1, calls[1] + 1)),
+    ]
     try:
         inp = torch.tensor([ids], device=target.device)
         torch.manual_seed(seed)
@@ -116,11 +125,12 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
             )
         seconds = time.perf_counter() - start
     finally:
-        hook.remove()
-    return out.shape[1] - len(ids), calls[0], seconds
+        for hook in hooks:
+            hook.remove()
+    return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
-def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts) -> list[str]:
+def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
     import torch
     import transformers
 
@@ -131,16 +141,16 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
         f"machine: {platform.platform()}; {platform.machine()}; {os.cpu_count()} CPUs; python {platform.python_version()}",
         f"torch {torch.__version__} ({torch.get_num_threads()} threads); transformers {transformers.__version__}; "
         f"device {device}; dtype {dtype}",
-        f"target {type(target).__name__} {size(target) / 1e6:.1f}M params; draft {type(draft).__name__} "
-        f"{size(draft) / 1e6:.1f}M params; V = {target.config.vocab_size}",
+        f"target {type(target).__name__} {size(target):,} parameters; draft {type(draft).__name__} "
+        f"{size(draft):,} parameters; V = {target.config.vocab_size}",
         f"sampling: temperature {sampling.temperature}, top-k {sampling.top_k}, top-p {sampling.top_p}; "
         f"max new tokens {max_new_tokens}; {n_prompts} prompts; seed {seed}",
-        f"command: {' '.join(['otm'] + sys.argv[1:]) if sys.argv else 'otm bench-decode'}",
+        f"command: {command}",
     ]
 
 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
-              hf=True, progress=True, out=print) -> list[Row]:
+              hf=True, progress=True, out=print, command="") -> list[Row]:
     """Run the table (see the module docstring) and print it with ``out``; returns the rows."""
     import torch
     from tqdm import tqdm
@@ -160,9 +170,10 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             run_seed = seed * 1_000_003 + i * 1009 + j
             bar.set_postfix_str(c.name)
             if c.kind == "hf_assisted":
-                new, calls, seconds = _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, run_seed)
+                new, calls, draft_calls, seconds = _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, run_seed)
                 row.new_tokens += new
                 row.target_calls += calls
+                row.draft_calls += draft_calls
                 row.wall_seconds += seconds
             else:
                 if c.kind == "autoregressive":
@@ -186,7 +197,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     dtype = next(target.parameters()).dtype
     for line in conditions(target, draft, dtype=dtype, device=next(target.parameters()).device, seed=seed,
-                           sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts)):
+                           sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts), command=command):
         out(line)
     if load_start is not None:
         out(f"load average (1, 5, 15 min) at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
@@ -204,7 +215,7 @@ def format_table(rows: list[Row]) -> str:
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
-        draft_calls = str(r.draft_calls) if r.contender.kind == "speculative" else "-"
+        draft_calls = str(r.draft_calls) if r.contender.kind != "autoregressive" else "-"
         lines.append(
             f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
             f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {r.tokens_per_second:>8.1f} | "

@@ -152,8 +152,16 @@ def cmd_bench(args) -> int:
     if args.max_new_tokens < 1:
         raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     sampling = _sampling(args)
+    command = (
+        f"otm bench-decode --k {','.join(map(str, ks))} --length {','.join(map(str, lengths))} "
+        f"--verifiers {','.join(verifiers)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+        f"--temperature {args.temperature:g} --top-k {args.top_k} --top-p {args.top_p:g} --seed {args.seed} "
+        f"--dtype {args.dtype} --device {args.device}"
+        + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
+        + (" --no-hf" if args.no_hf else "")
+    )
     target, draft, tokenizer = _load(args)
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
-              progress=not args.no_progress)
+              progress=not args.no_progress, command=command)
     return 0
