@@ -46,6 +46,8 @@ def _common(p) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
 
 
 def register(sub) -> None:
@@ -82,6 +84,11 @@ def _load(args):
     import torch
 
     from ..models import load_pair
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise OtmError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
     return load_pair(args.target, args.draft, dtype=dtype, device=args.device)
@@ -156,7 +163,7 @@ def cmd_bench(args) -> int:
         f"otm bench-decode --k {','.join(map(str, ks))} --length {','.join(map(str, lengths))} "
         f"--verifiers {','.join(verifiers)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
         f"--temperature {args.temperature:g} --top-k {args.top_k} --top-p {args.top_p:g} --seed {args.seed} "
-        f"--dtype {args.dtype} --device {args.device}"
+        f"--dtype {args.dtype} --device {args.device}" + (f" --threads {args.threads}" if args.threads else "")
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
         + (" --no-hf" if args.no_hf else "")
     )
