@@ -293,28 +293,30 @@ def test_autoregressive_baseline_and_eos_law():
 # -- rollback and baselines --------------------------------------------------------------------
 
 
-def test_draft_equal_to_target_accepts_everything():
+@pytest.mark.parametrize("rollback", ["gather", "refeed"])
+def test_draft_equal_to_target_accepts_everything(rollback):
     """With the draft = the target, every draft is accepted (p = q) iff both caches are rolled back
     right: block efficiency L + 1 on every step but the cut last one."""
     model = tiny_llama(1, V=6, scale=0.5)
     for verifier, scheme in (("kseq", "iid"), ("rrs", "iid"), ("rrs_without_replacement", "without_replacement")):
         out = speculative_decode(model, model, [1, 2, 3], k=3, length=3, verifier=verifier, scheme=scheme,
-                                 max_new_tokens=41, seed=0)
+                                 max_new_tokens=41, seed=0, target_rollback=rollback)
         s = out.stats
         assert s.new_tokens == 41 and s.target_calls == 11 and s.draft_calls == 30, s.summary()
         assert s.acceptance_by_depth == [1.0, 1.0, 1.0]
 
 
-def test_greedy_decode_matches_transformers_greedy():
+@pytest.mark.parametrize("rollback", ["gather", "refeed"])
+def test_greedy_decode_matches_transformers_greedy(rollback):
     """Temperature 0: the output is the target's greedy continuation whatever the draft (40 tokens,
-    many rejections), equal to transformers' greedy generate."""
+    many rejections), equal to transformers' greedy generate, with either target rollback."""
     target, draft = tiny_llama(2, V=6, scale=0.6), tiny_llama(3, V=6, scale=0.6)
     prompt = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
         ref = target.generate(prompt, do_sample=False, max_new_tokens=40, pad_token_id=0)[0, 4:].tolist()
     for k, length in ((1, 4), (3, 2), (4, 5)):
         out = speculative_decode(target, draft, prompt, k=k, length=length, sampling=Sampling(temperature=0),
-                                 max_new_tokens=40, seed=0)
+                                 max_new_tokens=40, seed=0, target_rollback=rollback)
         assert out.tokens == ref
         assert out.stats.block_efficiency > 1
     assert autoregressive_decode(target, prompt, sampling=Sampling(temperature=0), max_new_tokens=40).tokens == ref
@@ -361,7 +363,7 @@ def test_bad_input_one_line_errors():
     cases = [
         dict(k=0), dict(length=0), dict(k=2.5), dict(max_new_tokens=0), dict(verifier="spechub"),
         dict(verifier="rrs_without_replacement"), dict(scheme="greedy"), dict(verifier="speculative", k=2),
-        dict(scheme="without_replacement", verifier="kseq"),
+        dict(scheme="without_replacement", verifier="kseq"), dict(target_rollback="rewind"),
     ]
     for kw in cases:
         with pytest.raises(OtmError) as err:

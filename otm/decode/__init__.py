@@ -20,6 +20,7 @@ from importlib import import_module
 _NAMES = {
     "SCHEMES": "decoder",
     "VERIFIERS": "decoder",
+    "ROLLBACKS": "decoder",
     "DecodeStats": "decoder",
     "Generation": "decoder",
     "autoregressive_decode": "decoder",

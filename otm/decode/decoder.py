@@ -18,9 +18,10 @@ One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3 of ``reference/theory.md``):
    target and draft laws = the node's); emit its token y; if y is a child, move there and go
    on, else stop (y was the correction token). At a node without children (a leaf at depth L)
    emit the bonus token :math:`y \sim p(\cdot|\text{leaf})`;
-5. **rollback**: both caches go back to the committed tokens (target: crop the tree away and
-   feed the emitted tokens with the next step's tree; draft: keep the row that carries the
-   accepted path and crop it after the path).
+5. **rollback**: both caches go back to the committed tokens (target: keep the accepted
+   path's keys and values and crop the rest of the tree, or crop the whole tree and feed the
+   path again with the next tree; draft: keep the row that carries the accepted path and crop
+   it after the path).
 
 Exactness (each emitted token follows the target's processed law given the tokens before it):
 
@@ -69,6 +70,9 @@ VERIFIERS = {
     "without_replacement": ("rrs_without_replacement", "speculative"),
 }
 """Verifiers (names of :data:`otm.torch.VERIFIERS`) valid for each scheme; ``speculative`` needs k = 1."""
+
+ROLLBACKS = ("gather", "refeed")
+"""How the target cache returns to the accepted path (see :func:`speculative_decode`)."""
 
 
 # -- measurements -----------------------------------------------------------------------
@@ -181,6 +185,31 @@ class _Runner:
         positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
         return self.forward(ids, positions, keep=1)[:, -1]
 
+    def keep_path(self, length: int, path: list[int]) -> None:
+        """Keep the first ``length`` positions followed by the positions ``path`` (increasing, all >= length).
+
+        The keys and values at ``path`` are copied down to ``length .. length + len(path) - 1``
+        (each source lies at or after its destination, and the gathered copy is made before the
+        write), then the rest is cropped. Needs a transformers ``DynamicCache`` whose layers are
+        full-attention ``DynamicLayer`` s (keys/values ``[b, heads, S, head_dim]``).
+        """
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or not all(isinstance(x, DynamicLayer) and not x.is_sliding for x in layers):
+            raise OtmError(
+                f"the {self.role} cache ({type(self.cache).__name__}) cannot keep arbitrary positions: "
+                "use target_rollback='refeed'"
+            )
+        if path:
+            src = torch.tensor(path, dtype=torch.int64, device=self.device)  # [m]
+            dst = slice(length, length + len(path))
+            for layer in layers:
+                if layer.is_initialized and layer.keys.numel():
+                    layer.keys[..., dst, :] = layer.keys.index_select(-2, src)  # [b, heads, m, head_dim]
+                    layer.values[..., dst, :] = layer.values.index_select(-2, src)
+        self.truncate(length + len(path))
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached positions (transformers 5: ``crop`` takes minus the count to drop)."""
         drop = self.length() - length
@@ -262,7 +291,7 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
 
 class _Decoder:
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
-                 generator, law_dtype, validate, method):
+                 generator, law_dtype, validate, method, target_rollback="gather"):
         self.target = _Runner(target, "target")
         self.draft = _Runner(draft, "draft") if draft is not None else None
         self.k, self.L, self.scheme = k, length, scheme
@@ -270,6 +299,7 @@ class _Decoder:
         self.sampling, self.law_dtype, self.validate = sampling, law_dtype, validate
         self.max_new, self.eos = max_new_tokens, eos
         self.gen = generator
+        self.target_rollback = target_rollback
         self.pending_target = list(prompt)  # committed tokens not in the target cache (last = root)
         self.pending_draft = list(prompt)  # committed tokens not in the draft cache
         self.V = None
@@ -328,15 +358,15 @@ class _Decoder:
         return self.laws(logits, "target")
 
     # 4. walk ---------------------------------------------------------------------------------
-    def walk(self, tree: DraftTree, rows, row_laws, target_laws) -> tuple[list[int], int]:
-        """Emitted tokens and the node where the accepted path ends."""
-        node, emitted = 0, []
+    def walk(self, tree: DraftTree, rows, row_laws, target_laws) -> tuple[list[int], list[int]]:
+        """Emitted tokens and the accepted path (its nodes, depth 1 first)."""
+        node, emitted, path = 0, [], []
         while True:
             kids = tree.children[node]
             p_node = target_laws[node : node + 1]  # [1, V]
             if not kids:  # a leaf (or no drafts at all): the target's own draw (bonus token)
                 emitted.append(int(ot.sample_iid(p_node, 1, generator=self.gen, validate=self.validate)[0, 0]))
-                return emitted, node
+                return emitted, path
             depth = tree.depth[node]
             through = tree.rows_through[node]
             drafts = rows[through, depth][None]  # [1, m]: the children's tokens with multiplicity
@@ -347,9 +377,10 @@ class _Decoder:
             self.stats.verified_by_depth[depth] += 1
             child = next((c for c in kids if int(tree.tokens[c]) == y), None)
             if child is None:  # y is the correction token
-                return emitted, node
+                return emitted, path
             self.stats.accepted_by_depth[depth] += 1
             node = child
+            path.append(node)
 
     # one step ----------------------------------------------------------------------------------
     def step(self, remaining: int) -> list[int]:
@@ -365,12 +396,20 @@ class _Decoder:
         past = self.target.length()
         target_laws = self.score(tree)  # [N, V]
         t2 = time.perf_counter()
-        emitted, end = self.walk(tree, rows, row_laws, target_laws)
+        emitted, path = self.walk(tree, rows, row_laws, target_laws)
         t3 = time.perf_counter()
-        # 5. rollback: the target keeps the committed context, the emitted tokens come with the next tree
-        self.target.truncate(past + len(self.pending_target))
-        self.pending_target = list(emitted)
-        accepted = len(emitted) - 1  # tokens of the accepted path
+        # 5. rollback. Target: keep the committed context and the accepted path's keys and values
+        # (node i sits at cache position root + i), or drop the tree and feed the path again with
+        # the next tree; the last emitted token is the next root either way.
+        committed = past + len(self.pending_target)  # the cache up to and including the root
+        if self.target_rollback == "gather":
+            self.target.keep_path(committed, [committed - 1 + node for node in path])
+            self.pending_target = [emitted[-1]]
+        else:
+            self.target.truncate(committed)
+            self.pending_target = list(emitted)
+        accepted = len(path)  # tokens of the accepted path
+        end = path[-1] if path else 0
         if L >= 1:
             if L > 1:  # keep one row that carries the accepted path (any row through its end node)
                 row = tree.rows_through[end][0] if end else 0
@@ -440,6 +479,7 @@ def speculative_decode(
     seed: int | None = None,
     law_dtype: torch.dtype = torch.float32,
     validate: bool = True,
+    target_rollback: str = "gather",
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> Generation:
     """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
@@ -461,6 +501,9 @@ def speculative_decode(
     generator, seed : randomness (a torch.Generator on the models' device, or a seed).
     law_dtype : float32 or float64, the dtype of both models' laws.
     validate : run the verifiers' value checks (one synchronisation per call).
+    target_rollback : ``"gather"`` (keep the accepted path's keys and values: needs a
+        ``DynamicCache`` of full-attention layers) or ``"refeed"`` (crop the tree, feed the
+        emitted tokens with the next tree: any cache with ``crop``). Same law, same call count.
     on_tokens : called with each step's new tokens (streaming).
 
     Returns
@@ -472,6 +515,8 @@ def speculative_decode(
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
     verifiers = resolve_verifiers(verifier, scheme, k)
+    if target_rollback not in ROLLBACKS:
+        raise OtmError(f"target_rollback must be one of {', '.join(ROLLBACKS)}, got {target_rollback!r}")
     _check_models(target, draft)
     prompt = _prompt_ids(input_ids, _vocab_size(target))
     device = _device_and_dtype(target)[0]
@@ -479,6 +524,7 @@ def speculative_decode(
         target, draft, prompt, k=k, length=length, scheme=scheme, verifier=verifiers[:2], sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), generator=_generator(generator, seed, device),
         law_dtype=law_dtype, validate=validate, method=f"{verifiers[2]} {scheme} k={k} L={length}",
+        target_rollback=target_rollback,
     )
     return decoder.run(on_tokens)
 
