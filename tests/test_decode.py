@@ -463,3 +463,30 @@ def test_cli_bad_input_one_line(tmp_path, capsys):
         assert main(argv) == 2, argv
         lines = [line for line in capsys.readouterr().err.splitlines() if "otm: error:" in line]
         assert len(lines) == 1 and lines[0].startswith("otm: error:"), (argv, lines)
+
+
+# -- the embedded models (`make test-models`) ---------------------------------------------------------
+
+
+@pytest.mark.model
+def test_real_target_tree_mask_and_rollback():
+    """SmolLM2-135M-Instruct (fp32): tree logits equal plain forwards of each branch (1e-4), and with
+    the target as its own draft every draft is accepted (both caches rolled back right)."""
+    from otm.models import default_target_path, load_pair
+
+    target, _, tokenizer = load_pair(None, default_target_path())
+    prompt = tokenizer("The sky is blue because")["input_ids"]
+    tree = DraftTree.from_rows([[578, 4191, 281], [578, 4191, 47], [1001, 12, 12]], root_token=prompt[-1])
+    with torch.inference_mode():
+        cache = target(input_ids=torch.tensor([prompt[:-2]]), use_cache=True).past_key_values
+        ids, pos, mask = tree_inputs(tree, prompt[-2:], len(prompt) - 2, dtype=torch.float32, device="cpu")
+        logits = target(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache).logits[0, 1:]
+        for node in range(tree.size):
+            branch, m = [], node
+            while m > 0:
+                branch.append(int(tree.tokens[m]))
+                m = int(tree.parent[m])
+            plain = target(input_ids=torch.tensor([prompt + branch[::-1]])).logits[0, -1]
+            torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
+    out = speculative_decode(target, target, prompt, k=2, length=3, max_new_tokens=25, seed=0)
+    assert out.stats.target_calls == 7 and min(out.stats.acceptance_by_depth) == 1.0, out.stats.summary()
