@@ -477,7 +477,7 @@ def speculative_decode(
     eos_token_id=None,
     generator: torch.Generator | None = None,
     seed: int | None = None,
-    law_dtype: torch.dtype = torch.float32,
+    law_dtype: torch.dtype = torch.float64,
     validate: bool = True,
     target_rollback: str = "gather",
     on_tokens: Callable[[list[int]], None] | None = None,
@@ -499,7 +499,9 @@ def speculative_decode(
     sampling : :class:`~otm.decode.sampling.Sampling` for both models (default temperature 1).
     max_new_tokens : >= 1;  eos_token_id : int, list of int or None (stop after emitting one).
     generator, seed : randomness (a torch.Generator on the models' device, or a seed).
-    law_dtype : float32 or float64, the dtype of both models' laws.
+    law_dtype : float64 (default) or float32, the dtype of both models' laws. In float64 the
+        samplers (``sample_without_replacement`` always normalises in float64) and the verifiers
+        see the very same numbers; float32 differs from that by rounding only.
     validate : run the verifiers' value checks (one synchronisation per call).
     target_rollback : ``"gather"`` (keep the accepted path's keys and values: needs a
         ``DynamicCache`` of full-attention layers) or ``"refeed"`` (crop the tree, feed the
@@ -538,7 +540,7 @@ def autoregressive_decode(
     eos_token_id=None,
     generator: torch.Generator | None = None,
     seed: int | None = None,
-    law_dtype: torch.dtype = torch.float32,
+    law_dtype: torch.dtype = torch.float64,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> Generation:
     """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
