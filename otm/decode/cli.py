@@ -116,9 +116,12 @@ def cmd_decode(args) -> int:
     bar = tqdm(total=args.max_new_tokens, disable=args.no_progress, file=sys.stderr, unit="tok", leave=False)
     tokens: list[int] = []
     shown = [""]
+    steps = [0]
 
-    def stream(new: list[int]) -> None:
+    def stream(new: list[int]) -> None:  # called once per step, i.e. once per target call
         tokens.extend(new)
+        steps[0] += 1
+        bar.set_postfix_str(f"{len(tokens) / steps[0]:.2f} tokens per target call", refresh=False)
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         if text.startswith(shown[0]):  # print what is new (a merge may rewrite the tail: wait for it)
             sys.stdout.write(text[len(shown[0]) :])
