@@ -244,7 +244,10 @@ def _power(rule, scheme, n=N):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "verifier,scheme,k",
-    [("kseq", "iid", K), ("rrs", "iid", K), ("speculative", "iid", 1), ("rrs_without_replacement", "without_replacement", K)],
+    [
+        ("kseq", "iid", K), ("rrs", "iid", K), ("speculative", "iid", 1), ("rrs_without_replacement", "without_replacement", K),
+        ("rrs_without_replacement", "without_replacement", V),  # k = 4 > the 3 tokens top-k leaves: k cut to 3
+    ],
 )
 def test_sequence_law_of_decoder_is_target_law(verifier, scheme, k):
     """N = 1500 runs of T = 3 tokens (V = 4, k = 3, L = 2, temperature 0.9, top-k 3) against the
