@@ -51,6 +51,7 @@ past, so still exact) and no token beyond the limit is drafted.
 from __future__ import annotations
 
 import inspect
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -260,9 +261,9 @@ def _eos_set(eos_token_id) -> frozenset[int]:
 
 
 def _check_positive(value, name: str, meaning: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise OtmError(f"{name} must be a whole number >= 1 ({meaning}), got {value!r}")
-    return value
+    return int(value)
 
 
 def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable, str]:
@@ -290,6 +291,8 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
 
 
 class _Decoder:
+    """State of one decoding run: both runners (model + cache), pending tokens, randomness, stats."""
+
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
                  generator, law_dtype, validate, method, target_rollback="gather"):
         self.target = _Runner(target, "target")
@@ -319,8 +322,13 @@ class _Decoder:
 
     # 1. drafting ---------------------------------------------------------------------------
     def draft_rows(self, L: int):
-        """``(rows [k', L] int64, row_laws)``: ``row_laws[0]`` = q(.|c) ``[1, V]``, ``row_laws[t]``
-        ``[k', V]`` the law each row's token t was drawn from (one per distinct prefix)."""
+        """``(rows [k', L] int64, row_laws, context)``.
+
+        ``row_laws[0]`` = q(.|c) ``[1, V]``; ``row_laws[t]`` ``[k', V]`` is the law row j's token t
+        was drawn from (the law of the first row with the same prefix); ``context`` = draft
+        cache length before the rows (|c|). k' = k, or the support size of q(.|c) if smaller
+        (``without_replacement``).
+        """
         d = self.draft
         q_root = self.laws(d.feed(self.pending_draft), "draft")  # [1, V]
         self.pending_draft = []
