@@ -13,7 +13,8 @@ Contenders, all on the same models, prompts, sampling and token budget, in one r
 Every prompt runs every contender in turn (interleaved), so a slow spell of the shared machine
 hits all of them alike. Seeds are per (prompt, contender). Figures are totals over the prompts:
 block efficiency = new tokens / target calls, tokens/s = new tokens / wall seconds, speedup =
-tokens/s over the autoregressive row's.
+tokens/s over the autoregressive row's; ``target s`` and ``draft s`` split our rows' step time
+(target forward + laws; drafting), the rest being verification and bookkeeping.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Row:
     target_calls: int = 0
     draft_calls: int = 0
     wall_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
     verified1: int = 0
     accepted1: int = 0
     runs: int = 0
@@ -130,6 +133,21 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
+def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed):
+    """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None)."""
+    from .decoder import autoregressive_decode, speculative_decode
+
+    if c.kind == "hf_assisted":
+        return (*_hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed), None)
+    if c.kind == "autoregressive":
+        g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
+    else:
+        g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier, scheme=c.scheme,
+                               sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
+    s = g.stats
+    return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
+
+
 def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
     import torch
     import transformers
@@ -152,16 +170,13 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
               hf=True, progress=True, out=print, command="") -> list[Row]:
     """Run the table (see the module docstring) and print it with ``out``; returns the rows."""
-    import torch
     from tqdm import tqdm
-
-    from .decoder import autoregressive_decode, speculative_decode
 
     prompts = [encode_prompt(tokenizer, p) for p in PROMPTS[:n_prompts]]
     eos = tokenizer.eos_token_id
     rows = [Row(c) for c in contenders(ks, lengths, verifiers, hf=hf)]
-    autoregressive_decode(target, prompts[0], sampling=sampling, max_new_tokens=4, seed=seed)  # warm-up
-    speculative_decode(target, draft, prompts[0], k=2, length=2, sampling=sampling, max_new_tokens=4, seed=seed)
+    for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
+        _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -169,28 +184,17 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             c = row.contender
             run_seed = seed * 1_000_003 + i * 1009 + j
             bar.set_postfix_str(c.name)
-            if c.kind == "hf_assisted":
-                new, calls, draft_calls, seconds = _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, run_seed)
-                row.new_tokens += new
-                row.target_calls += calls
-                row.draft_calls += draft_calls
-                row.wall_seconds += seconds
-            else:
-                if c.kind == "autoregressive":
-                    g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
-                                              eos_token_id=eos, seed=run_seed)
-                else:
-                    g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier,
-                                           scheme=c.scheme, sampling=sampling, max_new_tokens=max_new_tokens,
-                                           eos_token_id=eos, seed=run_seed)
-                s = g.stats
-                row.new_tokens += s.new_tokens
-                row.target_calls += s.target_calls
-                row.draft_calls += s.draft_calls
-                row.wall_seconds += s.wall_seconds
-                if s.verified_by_depth:
-                    row.verified1 += s.verified_by_depth[0]
-                    row.accepted1 += s.accepted_by_depth[0]
+            new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed)
+            row.new_tokens += new
+            row.target_calls += calls
+            row.draft_calls += draft_calls
+            row.wall_seconds += seconds
+            if stats is not None:
+                row.target_seconds += stats.target_seconds
+                row.draft_seconds += stats.draft_seconds
+                if stats.verified_by_depth:
+                    row.verified1 += stats.verified_by_depth[0]
+                    row.accepted1 += stats.accepted_by_depth[0]
             row.runs += 1
             bar.update(1)
     bar.close()
@@ -211,14 +215,17 @@ def format_table(rows: list[Row]) -> str:
     ar = next((r for r in rows if r.contender.kind == "autoregressive"), None)
     base = ar.tokens_per_second if ar is not None else float("nan")
     head = (f"| {'contender':<36} | tokens | target calls | block efficiency | acceptance at depth 1 | "
-            f"draft calls | wall s | tokens/s | speedup |")
+            f"draft calls | wall s | target s | draft s | tokens/s | speedup |")
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
         draft_calls = str(r.draft_calls) if r.contender.kind != "autoregressive" else "-"
+        ours = r.contender.kind != "hf_assisted"
+        target_s = f"{r.target_seconds:.1f}" if ours else "-"
+        draft_s = f"{r.draft_seconds:.1f}" if r.contender.kind == "speculative" else "-"
         lines.append(
             f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
-            f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {r.tokens_per_second:>8.1f} | "
-            f"{r.tokens_per_second / base:>7.2f} |"
+            f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {target_s:>8} | {draft_s:>7} | "
+            f"{r.tokens_per_second:>8.1f} | {r.tokens_per_second / base:>7.2f} |"
         )
     return "\n".join(lines)
