@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import math
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,6 +307,10 @@ def write_table(records: list[dict], path_stem: Path, caption: str, digits: int 
 # ----------------------------------------------------------------------------- figures
 
 
+def _wrap(text: str, width: int) -> str:
+    return textwrap.fill(text, width)
+
+
 def _save(fig, stem: Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
@@ -345,8 +350,8 @@ def plot_ratios(table: list[dict], stem: Path, conditions: str) -> list[Path]:
     axes.flat[0].set_ylim(0.6, 1.005)
     h, lab = axes.flat[0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle(f"Verifier acceptance / optimum of its draft scheme, against k. {conditions}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.12 if nrow < 3 else 0.08, 1, 0.97))
+    fig.suptitle(_wrap(f"Verifier acceptance / optimum of its draft scheme, against k. {conditions}", 160), fontsize=10)
+    fig.tight_layout(rect=(0, 0.12 if nrow < 3 else 0.08, 1, 0.95))
     paths = _save(fig, stem)
     plt.close(fig)
     return paths
@@ -379,8 +384,8 @@ def plot_schemes(table: list[dict], stem: Path, conditions: str) -> list[Path]:
         ax.axis("off")
     h, lab = axes.flat[0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=3, fontsize=8)
-    fig.suptitle(f"Which scheme is worth drawing: median optimum per draft scheme against k. {conditions}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+    fig.suptitle(_wrap(f"Which scheme is worth drawing: median optimum per draft scheme against k. {conditions}", 160), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     paths = _save(fig, stem)
     plt.close(fig)
     return paths
@@ -410,8 +415,8 @@ def plot_temperature(table: list[dict], stem: Path, conditions: str) -> list[Pat
     axes[0, 0].set_ylabel("median acceptance")
     h, lab = axes[0, 0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=6, fontsize=8)
-    fig.suptitle(f"Acceptance against temperature. {conditions}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    fig.suptitle(_wrap(f"Acceptance against temperature (temperature family). {conditions}", 130), fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.93))
     paths = _save(fig, stem)
     plt.close(fig)
     return paths
