@@ -81,6 +81,19 @@ def default_loader():
     return load_pair()
 
 
+def pair_loader(target=None, draft=None):
+    """A loader for ``otm.models.load_pair(target, draft)`` (``None``: the embedded default)."""
+
+    def loader():
+        from otm.models import load_pair
+
+        return load_pair(target, draft)
+
+    names = [Path(x).name if x else "default" for x in (target, draft)]
+    loader.__name__ = f"load_pair-{names[0]}-{names[1]}"
+    return loader
+
+
 class TinyTokenizer:
     """Characters to ids modulo the vocabulary: enough to feed prompts to random tiny models."""
 
@@ -155,7 +168,8 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
 
 
 def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=(2, 4, 8),
-        temperature: float = 0.7, paths: int = 200, seed: int = 0, progress: bool = False) -> list[dict]:
+        temperature: float = 0.7, paths: int = 200, seed: int = 0, progress: bool = False,
+        command_extra: str = "") -> list[dict]:
     """Compute the table; write ``paper_table.csv`` / ``.md`` into ``out``; return its rows (one per k)."""
     from tqdm import tqdm
 
@@ -210,7 +224,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
         f"unbiased Monte Carlo ({paths} paths per position; rrsw_se its standard error). Khisti et al. Table 3 "
         f"(XSum, Dolly; OPT models; their 'SpecTr' = K-SEQ, 'SpecInfer' = RRS, 'IS' = their scheme) for shape only; "
         f"Hu et al. Table 1 numbers not retrieved. Command: `python analysis/paper_table.py --prompts {prompts} "
-        f"--positions {positions} --temperature {temperature:g}` ({time.perf_counter() - t0:.0f} s)"
+        f"--positions {positions} --temperature {temperature:g}{command_extra}` ({time.perf_counter() - t0:.0f} s)"
     )
     write_table(rows, out / "paper_table", cond)
     return rows
@@ -225,10 +239,19 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", type=int, default=200, help="Monte Carlo paths per position for RRS w/o repl.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="random tiny models instead of the embedded pair")
+    ap.add_argument("--target", default=None, help="target model directory (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--draft", default=None, help="draft model directory (default: the embedded otm/draft_model)")
     args = ap.parse_args(argv)
-    rows = run(tiny_loader if args.tiny else default_loader, out=args.out, prompts=args.prompts,
+    if args.tiny:
+        loader = tiny_loader
+    elif args.target or args.draft:
+        loader = pair_loader(args.target, args.draft)
+    else:
+        loader = default_loader
+    rows = run(loader, out=args.out, prompts=args.prompts,
                positions=args.positions, temperature=args.temperature, paths=args.paths, seed=args.seed,
-               progress=True)  # fmt: skip
+               progress=True, command_extra="".join(f" --{a} {v}" for a, v in (("target", args.target), ("draft", args.draft)) if v)
+               + (" --tiny" if args.tiny else ""))  # fmt: skip
     for r in rows:
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
     return 0
