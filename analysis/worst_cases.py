@@ -6,7 +6,8 @@ cached one JSON line per (rule, k, V) in ``<out>/cache/worst_cases.jsonl`` (resu
 skips what is there), then summarised into
 
 * ``<out>/worst_cases.json``: the worst instance per (rule, k) with its laws, and every run;
-* ``<out>/worst_cases.csv`` / ``.md``: worst ratio per (rule, k) next to 1-(1-1/k)^k;
+* ``<out>/worst_cases.csv`` / ``.md``: worst ratio per (rule, k) next to 1-(1-1/k)^k, and the minimum
+  over an exhaustive grid of two-token laws (target (a, 1-a), draft (b, 1-b)) as an optimiser-free check;
 * ``<out>/worst_cases.png`` / ``.svg``: the same against k.
 
     nice -n 10 .venv/bin/python analysis/worst_cases.py            # full (about 15-25 min on 1 core)
@@ -30,6 +31,23 @@ from otm.gap import write_table  # noqa: E402
 from otm.worst_case import bound, search  # noqa: E402
 
 RRSW_MAX_TUPLES = 60_000  # exact RRSw path sum per evaluation: V^k entries at most
+GRID = 200  # V = 2 cross-check: target (a, 1-a), draft (b, 1-b) on a GRID x GRID grid of (0, 1)^2
+
+
+def grid_v2(rule: str, k: int, n: int) -> dict:
+    """Exhaustive grid over two-token laws: the worst ratio on it (no optimiser involved)."""
+    from otm.worst_case import RULES
+
+    f = RULES[rule]
+    g = (np.arange(n) + 0.5) / n
+    best = (np.inf, 0.0, 0.0)
+    for a in g:
+        t = np.array([a, 1 - a])
+        for b in g:
+            r = f(t, np.array([b, 1 - b]), k)
+            if r < best[0]:
+                best = (r, a, b)
+    return {"rule": rule, "k": k, "grid": n, "ratio": float(best[0]), "target": [best[1], 1 - best[1]], "draft": [best[2], 1 - best[2]]}
 
 
 def grid(quick: bool) -> list[tuple[str, int, int, int]]:
@@ -78,6 +96,22 @@ def main(argv=None) -> int:
             f.write(json.dumps(rec) + "\n")
         done[(rule, k, V)] = rec
     runs = [done[(r, k, V)] for r, k, V, _ in grid(args.quick)]
+    n_grid = 20 if args.quick else GRID
+    gcache = out / "cache" / f"worst_cases-grid{n_grid}.jsonl"
+    gdone = {}
+    if gcache.exists():
+        for line in gcache.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                gdone[(r["rule"], r["k"])] = r
+            except (json.JSONDecodeError, KeyError):
+                continue
+    gkeys = sorted({(r, k) for r, k, _, _ in grid(args.quick) if r in ("kseq", "rrs")})
+    for rule, k in tqdm([g for g in gkeys if g not in gdone], desc="V=2 grid", unit="run"):
+        rec = grid_v2(rule, k, n_grid)
+        with gcache.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        gdone[(rule, k)] = rec
     worst = {}
     for r in runs:
         key = (r["rule"], r["k"])
@@ -90,10 +124,12 @@ def main(argv=None) -> int:
             "rule": rule, "k": k, "worst_ratio": r["ratio"], "bound": bound(k),
             "gap_to_bound": r["ratio"] - bound(k), "at_V": r["V"], "V_searched": " ".join(map(str, Vs)),
             "starts_per_V": r["starts"],
+            f"V2_grid{n_grid}_min": gdone[(rule, k)]["ratio"] if (rule, k) in gdone else float("nan"),
         })  # fmt: skip
     cond = (
         f"L-BFGS-B ({maxiter} it) + Nelder-Mead polish ({polish} evals) over softmax logits in [-20, 20], "
-        f"seed {args.seed}; optimum floor 1e-6. Command: `python analysis/worst_cases.py"
+        f"seed {args.seed}; optimum floor 1e-6; last column: minimum over a {n_grid}x{n_grid} grid of two-token laws "
+        f"(no optimiser). Command: `python analysis/worst_cases.py"
         f"{' --quick' if args.quick else ''}`"
     )
     write_table(rows, out / "worst_cases", f"Smallest acceptance / optimum found by adversarial search. {cond}", digits=5)
@@ -101,6 +137,7 @@ def main(argv=None) -> int:
         "conditions": cond,
         "worst": [worst[key] for key in sorted(worst)],
         "runs": [{k: v for k, v in r.items() if k not in ("target", "draft")} for r in runs],
+        "v2_grid": [gdone[key] for key in gkeys if key in gdone],
     }, indent=1) + "\n")  # fmt: skip
     plot(rows, out / "worst_cases", cond)
     for r in rows:
