@@ -81,6 +81,27 @@ def default_loader():
     return load_pair()
 
 
+def _dir_fingerprint(path) -> str:
+    """Short hash of a model directory's file names, sizes and mtimes (so a retrained draft misses the cache)."""
+    import hashlib
+
+    p = Path(path)
+    if not p.is_dir():
+        return "none"
+    h = hashlib.sha1()
+    for f in sorted(p.iterdir()):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:10]
+
+
+def _default_draft_dir():
+    return Path(__file__).resolve().parents[1] / "otm" / "draft_model"
+
+
+default_loader.fingerprint = lambda: _dir_fingerprint(_default_draft_dir())
+
+
 def pair_loader(target=None, draft=None):
     """A loader for ``otm.models.load_pair(target, draft)`` (``None``: the embedded default)."""
 
@@ -91,6 +112,7 @@ def pair_loader(target=None, draft=None):
 
     names = [Path(x).name if x else "default" for x in (target, draft)]
     loader.__name__ = f"load_pair-{names[0]}-{names[1]}"
+    loader.fingerprint = lambda: _dir_fingerprint(draft if draft else _default_draft_dir())
     return loader
 
 
@@ -177,7 +199,8 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     if not 1 <= prompts <= len(PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(PROMPTS)}, got {prompts}")
     key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}"
-    cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{key}.jsonl"
+    fp = loader.fingerprint() if hasattr(loader, "fingerprint") else "na"
+    cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{fp}-{key}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if cache.exists():
