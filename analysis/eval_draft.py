@@ -1,0 +1,134 @@
+"""Held-out single-draft acceptance of the embedded draft against the embedded target.
+
+For each held-out prompt below (none of them is among the training prompts of
+``analysis/train_draft.py``: different wording and topics, checked at start-up) the target
+samples a continuation at temperature 1 (no top-k/top-p, up to ``--new-tokens``, stopping at
+EOS). At every generated position both models see the same prefix and the acceptance of one
+draft token under standard speculative sampling is recorded:
+
+    a_i = sum_x min(target(x | prefix_i), draft(x | prefix_i))
+
+The headline is the mean of a_i over all positions of all prompts, with a 95% confidence interval
+from a bootstrap over prompts (positions of one continuation are correlated, so prompts are the
+independent units). Conditions (machine, threads, versions, seed, models) are printed first.
+
+    python analysis/eval_draft.py                       # 32 prompts x 128 tokens, ~3 min on 2 cores
+    python analysis/eval_draft.py --draft path/to/other_draft --new-tokens 64
+
+Results: ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "analysis"))
+
+from otm.models import held_out_acceptance, load_pair  # noqa: E402
+
+HELD_OUT_PROMPTS = [
+    "How do I fix a flat tire on a wheelbarrow?",
+    "Tell me a bedtime story about a lost penguin.",
+    "What should I pack for a weekend trip to the mountains?",
+    "Explain how a refrigerator keeps food cold.",
+    "Write a haiku about a quiet train station at night.",
+    "Can you suggest a name for a bakery that sells only croissants?",
+    "What is the difference between weather and climate?",
+    "Write a thank-you note to a neighbour who watered my plants.",
+    "How does a compass work?",
+    "Give me a simple recipe for lentil soup.",
+    "Why is the sky blue during the day and red at sunset?",
+    "Describe a typical day in the life of a lighthouse keeper in 1900.",
+    "What are some good habits for studying for exams?",
+    "Write a limerick about a forgetful wizard.",
+    "How do submarines dive and surface?",
+    "Explain what inflation means for someone who just got their first job.",
+    "Write the opening paragraph of a mystery novel set in a snowy hotel.",
+    "What are the rules of tic-tac-toe?",
+    "How can I make my small apartment feel bigger?",
+    "Explain how vaccines are tested before they are approved.",
+    "Write a short speech for a friend's retirement party.",
+    "What causes the tides?",
+    "Give advice to someone adopting their first kitten.",
+    "Describe the taste of a mango to someone who has never eaten one.",
+    "How do noise-cancelling headphones work?",
+    "Write a motivational message for a student who failed a test.",
+    "What is a sonnet, and how is it structured?",
+    "Plan a three-course dinner for a rainy autumn evening.",
+    "Explain how a bill becomes a law in simple terms.",
+    "What are the main parts of a flower and what do they do?",
+    "Write a short review of an imaginary science-fiction film.",
+    "How do I politely decline an invitation to a party?",
+]
+
+
+def check_held_out() -> None:
+    """Refuse to run if a held-out prompt is also a training prompt."""
+    from train_draft import TEMPLATES, TOPICS
+
+    training = {t.format(topic) for t in TEMPLATES for topic in TOPICS}
+    overlap = training.intersection(HELD_OUT_PROMPTS)
+    if overlap:
+        raise SystemExit(f"held-out prompts also used in training: {sorted(overlap)}")
+
+
+def bootstrap_ci(per_prompt: list[np.ndarray], seed: int, rounds: int = 2000) -> tuple[float, float]:
+    """95% percentile interval of the position-weighted mean, resampling prompts."""
+    sums = np.array([a.sum() for a in per_prompt])
+    counts = np.array([len(a) for a in per_prompt])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(per_prompt), size=(rounds, len(per_prompt)))
+    means = sums[idx].sum(1) / counts[idx].sum(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="target model dir (default: embedded SmolLM2-135M)")
+    ap.add_argument("--draft", default=None, help="draft model dir (default: otm/draft_model)")
+    ap.add_argument("--prompts", type=int, default=len(HELD_OUT_PROMPTS), help="use the first N prompts")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    check_held_out()
+    print(
+        f"conditions: python {platform.python_version()}, torch {torch.__version__}, threads "
+        f"{torch.get_num_threads()}, os.cpu_count {os.cpu_count()}, {platform.machine()}; target "
+        f"{args.target or 'embedded'}, draft {args.draft or 'embedded'}; {args.prompts} held-out "
+        f"prompts, up to {args.new_tokens} new tokens, temperature 1, seed {args.seed}",
+        flush=True,
+    )
+    target, draft, tokenizer = load_pair(args.target, args.draft)
+    n_draft = sum(p.numel() for p in draft.parameters())
+    print(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
+          f"{n_draft / 1e6:.2f} M parameters", flush=True)
+    start = time.time()
+    per_prompt = held_out_acceptance(
+        target, draft, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
+        new_tokens=args.new_tokens, seed=args.seed,
+    )
+    elapsed = time.time() - start
+    all_pos = np.concatenate(per_prompt)
+    lo, hi = bootstrap_ci(per_prompt, args.seed)
+    per_prompt_means = np.array([a.mean() for a in per_prompt])
+    print(f"positions: {len(all_pos)} over {len(per_prompt)} prompts ({elapsed:.0f} s)")
+    print(f"per-prompt mean acceptance: min {per_prompt_means.min():.3f}, "
+          f"median {np.median(per_prompt_means):.3f}, max {per_prompt_means.max():.3f}")
+    print(f"held-out acceptance sum_x min(target, draft), mean over positions: "
+          f"{all_pos.mean():.4f}  (95% CI {lo:.4f} .. {hi:.4f}, bootstrap over prompts)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,506 @@
+"""Distil the embedded draft (``otm/draft_model/``) from the embedded SmolLM2-135M target.
+
+Two phases, both seeded; run them together (default) or apart:
+
+``data``  The target answers a fixed, seeded set of instruct prompts (templates x topics written
+          below, chat template applied), sampling at temperature 1 with no top-k/top-p, the way
+          the decoder samples. It runs in bf16 here (``--gen-dtype``; 3.7x faster than fp32 on
+          this AVX512-BF16 CPU, logits within bf16 rounding of the fp32 target). At every generated position a forward hook on the target's
+          ``lm_head`` records (a) the final normed hidden state (576 floats, stored fp16): the
+          target's *full* next-token law is ``softmax(hidden @ E.T)`` with its tied embedding
+          ``E``, so 1.1 kB per token stores a 49152-way distribution; (b) the law's top-k
+          masses and token ids (k = 128), which make training cheap. Shards go to
+          ``cache_dir()/draft_data/<config hash>/`` (never into the repo) and a rerun resumes
+          where the last one stopped.
+
+``train`` A small Llama draft (hidden 128, tied embeddings) is initialised with the target's
+          embeddings projected on their top-128 principal directions (PCA), then trained to
+          minimise KL(target || draft) at every generated position of the cached sequences
+          (prompt tokens are context only): by default on the target's top-k cells plus one
+          tail cell (``--loss topk``), or over the full vocabulary recomputed from the stored
+          hidden state (``--loss full``, about 3x the cost per step). The draft's forward and
+          backward run under bf16 autocast (fp32 weights and loss). The best checkpoint on a
+          validation split of the generated data (48 sequences; exact full-vocabulary KL and
+          acceptance sum_x min(target, draft) from the stored hidden states) is saved in fp16 to
+          ``--out`` (default ``otm/draft_model/``) as config.json + model.safetensors, the tied
+          head stored once; the draft uses the target's tokenizer.
+
+Distilling on full next-token laws is far more sample-efficient than on sampled text: every
+position carries a whole distribution, not one token, and the acceptance
+``sum_x min(target(x), draft(x)) = 1 - TV`` that speculative decoding reaches is what this
+loss pulls up. The held-out evaluation is ``analysis/eval_draft.py`` (prompts disjoint from
+the ones below).
+
+    python analysis/train_draft.py                      # data (cached) + train, ~60 min on 2 cores
+    python analysis/train_draft.py --phase data --workers 2 --worker 0 &   # data in two processes
+    python analysis/train_draft.py --phase data --workers 2 --worker 1
+    python analysis/train_draft.py --phase train --threads 2
+
+Results, timings and the exact commands used: ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from otm.models import cache_dir, default_target_path  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Training prompts. analysis/eval_draft.py holds its own, disjoint, held-out prompts.
+
+TEMPLATES = [
+    "Write a short story about {}.",
+    "Explain {} to a ten-year-old.",
+    "What is {}? Answer in a few sentences.",
+    "Give me three practical tips about {}.",
+    "Write a poem about {}.",
+    "Describe the history of {} briefly.",
+    "What are the pros and cons of {}?",
+    "Write a friendly email to a colleague about {}.",
+    "List five interesting facts about {}.",
+    "How would you teach a beginner about {}?",
+    "Write a dialogue between two friends discussing {}.",
+    "Summarize the main ideas behind {}.",
+    "Why do people care about {}?",
+    "Write a product description inspired by {}.",
+    "Compare {} with something from everyday life.",
+    "Write a short blog post introduction about {}.",
+]
+
+TOPICS = [
+    "the ocean", "volcanoes", "honeybees", "the moon", "black holes", "rainforests", "deserts",
+    "glaciers", "earthquakes", "thunderstorms", "photosynthesis", "the water cycle", "dinosaurs",
+    "whales", "octopuses", "migratory birds", "ants", "mushrooms", "coral reefs", "wolves",
+    "the human heart", "sleep", "memory", "vitamins", "exercise", "meditation", "vaccines",
+    "the immune system", "nutrition", "breakfast", "coffee", "tea", "bread baking", "pizza",
+    "chocolate", "spices", "gardening", "composting", "recycling", "solar energy", "wind power",
+    "electric cars", "trains", "bicycles", "airplanes", "rockets", "the internet", "smartphones",
+    "computer programming", "Python", "databases", "machine learning", "robots", "video games",
+    "chess", "football", "basketball", "swimming", "running a marathon", "mountain climbing",
+    "camping", "photography", "painting", "music theory", "the piano", "jazz", "opera",
+    "poetry", "novels", "libraries", "museums", "ancient Egypt", "the Roman Empire",
+    "the Renaissance", "the printing press", "the industrial revolution", "castles", "pirates",
+    "knights", "the Silk Road", "maps", "money", "banks", "saving money", "budgeting",
+    "starting a small business", "job interviews", "teamwork", "leadership", "public speaking",
+    "learning a language", "grammar", "mathematics", "prime numbers", "geometry", "probability",
+    "statistics", "physics", "gravity", "magnets", "electricity", "light", "sound", "atoms",
+    "chemistry", "the periodic table", "DNA", "evolution", "cells", "bacteria", "friendship",
+    "kindness", "happiness", "time management", "moving to a new city", "weddings", "birthdays",
+    "holidays", "winter", "summer", "autumn leaves", "spring flowers", "rain", "snow",
+    "cats", "dogs", "horses", "parrots", "goldfish", "zoos", "farms", "cities", "villages",
+    "bridges", "skyscrapers", "architecture", "furniture design", "fashion", "knitting",
+    "cooking pasta", "vegetarian food", "street food", "restaurants", "travel", "Japan",
+    "Brazil", "Italy", "Kenya", "Canada", "islands", "lighthouses", "clocks", "calendars",
+]
+
+# ---------------------------------------------------------------------------------------------
+
+DRAFT_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+"""Draft architecture (LlamaForCausalLM); vocab and special token ids come from the target."""
+
+
+def training_prompts(n: int, seed: int) -> list[str]:
+    """``n`` distinct user messages: templates x topics, shuffled with ``seed``."""
+    pairs = [t.format(topic) for t in TEMPLATES for topic in TOPICS]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if n > len(pairs):
+        raise SystemExit(f"asked for {n} prompts, only {len(pairs)} exist")
+    return pairs[:n]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def conditions(args) -> None:
+    log(
+        f"conditions: python {platform.python_version()}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}, "
+        f"os.cpu_count {os.cpu_count()}, args {vars(args)}"
+    )
+
+
+def load_target(dtype=torch.float32):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = default_target_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 1: target-generated sequences with the target's final hidden states
+
+
+def data_dir(args) -> Path:
+    key = json.dumps(
+        dict(seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
+             gen_dtype=args.gen_dtype, v=3),
+        sort_keys=True,
+    )
+    return cache_dir() / "draft_data" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def generate_data(args) -> Path:
+    """Generate ``args.batches`` shards (resumable); return the data directory."""
+    out = data_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps(dict(
+        seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
+        gen_dtype=args.gen_dtype), indent=1))
+    todo = [b for b in range(args.worker, args.batches, args.workers)
+            if not (out / f"shard_{b:04d}.pt").exists()]
+    log(f"data: {args.batches} batches of {args.batch_size} prompts x {args.new_tokens} new tokens "
+        f"into {out}; {args.batches - len(todo)} cached, {len(todo)} to generate")
+    if not todo:
+        return out
+    model, tokenizer = load_target(getattr(torch, args.gen_dtype))
+    tokenizer.padding_side = "left"
+    prompts = training_prompts(args.batches * args.batch_size, args.seed)
+    captured: list[torch.Tensor] = []
+    top: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def record(_module, inputs, output):
+        captured.append(inputs[0][:, -1, :].to(torch.float16))
+        top.append(torch.softmax(output[:, -1, :].float(), dim=-1).topk(args.top_k, dim=-1))
+
+    hook = model.lm_head.register_forward_hook(record)
+    tokens = 0
+    start = time.time()
+    bar = tqdm(todo, desc="generate", unit="batch")
+    for b in bar:
+        batch = prompts[b * args.batch_size:(b + 1) * args.batch_size]
+        enc = tokenizer.apply_chat_template(
+            [[{"role": "user", "content": p}] for p in batch],
+            add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True,
+        )
+        torch.manual_seed(args.seed * 100003 + b)
+        captured.clear()
+        top.clear()
+        with torch.no_grad():
+            seqs = model.generate(
+                **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id,
+            )
+        width = enc["input_ids"].shape[1]
+        new = seqs[:, width:]  # [B, T]
+        hidden = torch.stack(captured, dim=1)  # [B, T, 576]
+        top_p = torch.stack([t.values for t in top], dim=1)  # [B, T, K], descending
+        top_i = torch.stack([t.indices.to(torch.int32) for t in top], dim=1)  # [B, T, K]
+        assert hidden.shape[1] == new.shape[1], (hidden.shape, new.shape)
+        eos = new == tokenizer.eos_token_id
+        # a step is valid when no EOS came before it (the EOS step itself is valid)
+        valid = (eos.cumsum(dim=1) - eos.long()) == 0
+        prompt_ids = [ids[m.bool()] for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+        if b == todo[0]:  # the stored fp16 hidden state reproduces the target's logits
+            with torch.no_grad():
+                ref = model(input_ids=prompt_ids[0][None]).logits[0, -1].float()
+                rec = hidden[0, 0].float() @ model.lm_head.weight.float().T
+            log(f"data: max |logit(stored fp16 hidden) - logit(target)| = {(rec - ref).abs().max().item():.4f}"
+                f" (logit range {ref.min().item():.1f}..{ref.max().item():.1f})")
+        tmp = out / f".shard_{b:04d}.pt.tmp"
+        torch.save(dict(prompt_ids=prompt_ids, new_ids=new, valid=valid, hidden=hidden,
+                        top_p=top_p, top_i=top_i), tmp)
+        os.replace(tmp, out / f"shard_{b:04d}.pt")
+        tokens += int(valid.sum())
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - start):.0f}")
+    hook.remove()
+    log(f"data: {tokens} valid positions in {time.time() - start:.0f} s")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 2: distillation
+
+
+def load_examples(path: Path, max_shards: int | None):
+    """Per sequence: (ids [L] long, first generated position p, hidden [T, 576] fp16,
+    top-k masses [T, K] and their token ids [T, K])."""
+    shards = sorted(path.glob("shard_*.pt"))[:max_shards]
+    if not shards:
+        raise SystemExit(f"no data shards in {path}: run --phase data first")
+    examples = []
+    for shard in shards:
+        d = torch.load(shard)
+        for prompt, new, valid, hidden, top_p, top_i in zip(
+                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"]):
+            t = int(valid.sum())
+            if t < 2:
+                continue
+            examples.append((torch.cat([prompt, new[:t]]).long(), len(prompt), hidden[:t].clone(),
+                             top_p[:t].clone(), top_i[:t].long()))
+    return examples, len(shards)
+
+
+def make_batch(examples, pad_id: int):
+    """Right-padded ids [B, L]; for each generated position its (row, logit index), the target's
+    hidden state, top-k masses and top-k ids (concatenated over the batch: [N, ...]).
+
+    Right padding needs no attention mask: causal attention never lets a real token see the
+    pads that follow it."""
+    length = max(len(e[0]) for e in examples)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    rows, cols, hidden, top_p, top_i = [], [], [], [], []
+    for i, (seq, p, h, tp, ti) in enumerate(examples):
+        ids[i, : len(seq)] = seq
+        t = h.shape[0]
+        rows.append(torch.full((t,), i, dtype=torch.long))
+        cols.append(torch.arange(p - 1, p - 1 + t))  # logits at p-1+j predict generated token j
+        hidden.append(h)
+        top_p.append(tp)
+        top_i.append(ti)
+    return (ids, torch.cat(rows), torch.cat(cols), torch.cat(hidden), torch.cat(top_p),
+            torch.cat(top_i))
+
+
+def draft_logits(draft, ids, rows, cols):
+    """Draft logits [N, V] at the selected positions only (the head is most of the cost)."""
+    hidden = draft.model(input_ids=ids).last_hidden_state[rows, cols]  # [N, H]
+    return draft.lm_head(hidden)
+
+
+def pca_embeddings(embed: torch.Tensor, dim: int) -> torch.Tensor:
+    """Project the target's embeddings [V, 576] on their top-``dim`` principal directions.
+
+    Uncentred, so that logits ``h @ E.T`` keep their meaning: with ``P`` [576, dim] the top
+    right singular vectors, the draft head ``E P`` gives for ``h' = P.T h`` the logits
+    ``h @ P P.T @ E.T``, the best rank-``dim`` approximation of the target's head. The draft
+    starts with the target's notion of which tokens are alike instead of random vectors; no
+    rescaling is needed because the draft's final RMSNorm weight learns the hidden scale.
+    """
+    _, _, vh = torch.linalg.svd(embed.double(), full_matrices=False)
+    proj = vh[:dim].T  # [576, dim]
+    return (embed.double() @ proj).float(), proj.float()
+
+
+def build_draft(target, tokenizer, seed: int, sample_hidden: torch.Tensor):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    tc = target.config
+    cfg = dict(DRAFT_CONFIG)
+    rope_theta = cfg.pop("rope_theta")
+    config = LlamaConfig(
+        vocab_size=tc.vocab_size, bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        **cfg,
+    )
+    draft = LlamaForCausalLM(config)
+    with torch.no_grad():
+        emb, proj = pca_embeddings(target.get_input_embeddings().weight, config.hidden_size)
+        draft.get_input_embeddings().weight.copy_(emb)
+        # start near-uniform: the final RMSNorm output has norm sqrt(H) x weight; at one tenth of
+        # the target's projected hidden norm ||P.T h|| the random initial layers cannot make
+        # confident wrong guesses (initial KL ~8 nats instead of ~44)
+        scale = (sample_hidden.float() @ proj).norm(dim=-1).mean() / math.sqrt(config.hidden_size)
+        draft.model.norm.weight.fill_(0.1 * float(scale))
+    if draft.get_output_embeddings().weight.data_ptr() != draft.get_input_embeddings().weight.data_ptr():
+        raise SystemExit("draft head is not tied to its embedding")
+    return draft
+
+
+def topk_kl_and_acceptance(logits, top_p, top_i):
+    """KL(target || draft) on the partition {top-k tokens of the target, everything else}.
+
+    A proper KL between the two laws coarsened to k + 1 cells, so its minimum matches the
+    target's top-k masses and its tail mass exactly; how the draft spreads the tail is left
+    free. Also returns sum over cells of min(target, draft), an upper bound on the acceptance.
+    """
+    log_d = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
+    log_dk = log_d.gather(1, top_i)  # [N, K]
+    tail_t = (1.0 - top_p.sum(-1)).clamp_min(0.0)  # [N]
+    tail_d = (1.0 - log_dk.exp().sum(-1)).clamp_min(1e-8)
+    kl = (top_p * (top_p.clamp_min(1e-12).log() - log_dk)).sum(-1) + tail_t * (
+        tail_t.clamp_min(1e-12).log() - tail_d.log())
+    acc = torch.minimum(top_p, log_dk.exp()).sum(-1) + torch.minimum(tail_t, tail_d)
+    return kl.mean(), acc.detach().mean()
+
+
+def kl_and_acceptance(draft_logits, target_logits):
+    """Mean KL(target || draft) and mean sum_x min(target, draft) over rows of [N, V] logits."""
+    log_t = torch.log_softmax(target_logits, dim=-1)
+    log_d = torch.log_softmax(draft_logits.float(), dim=-1)
+    t = log_t.exp()
+    kl = (t * (log_t - log_d)).sum(-1)
+    acc = torch.minimum(t, log_d.exp()).sum(-1)
+    return kl.mean(), acc.detach().mean()
+
+
+def evaluate(draft, head, examples, pad_id, batch_size):
+    draft.eval()
+    accs, kls, n = 0.0, 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            ids, rows, cols, hidden, _, _ = make_batch(examples[i:i + batch_size], pad_id)
+            logits = draft_logits(draft, ids, rows, cols)
+            kl, acc = kl_and_acceptance(logits, hidden.float() @ head.T)
+            accs += acc.item() * len(rows)
+            kls += kl.item() * len(rows)
+            n += len(rows)
+    draft.train()
+    return kls / n, accs / n
+
+
+def train(args, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    target, tokenizer = load_target()
+    head = target.lm_head.weight.detach().clone()  # [V, 576], tied to the target's embedding
+    examples, shards = load_examples(path, args.max_shards)
+    rng = random.Random(args.seed)
+    rng.shuffle(examples)
+    n_val = min(48, max(8, len(examples) // 20))
+    val, tr = examples[:n_val], examples[n_val:]
+    positions = sum(e[2].shape[0] for e in tr)
+    log(f"train: {shards} shards, {len(tr)} sequences ({positions} generated positions) for training, "
+        f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
+    draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
+    del target
+    n_params = sum(p.numel() for p in draft.parameters())
+    log(f"train: draft {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
+        f"{n_params / 1e6:.2f} M parameters, PCA-initialised tied embedding")
+    pad_id = tokenizer.pad_token_id
+    kl0, acc0 = evaluate(draft, head, val, pad_id, args.batch_seqs)
+    log(f"train: before training: val KL {kl0:.3f}, val acceptance {acc0:.4f}")
+
+    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    # batches by token budget: sort-free, shuffled each epoch
+    deadline = time.time() + args.minutes * 60
+    est_steps = args.steps
+    step, best = 0, (-1.0, None)
+    start = time.time()
+    bar = tqdm(total=est_steps, desc="train", unit="step")
+    epoch = 0
+    while time.time() < deadline and step < args.steps:
+        rng.shuffle(tr)
+        for i in range(0, len(tr), args.batch_seqs):
+            if time.time() >= deadline or step >= args.steps:
+                break
+            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
+                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / est_steps))))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            ids, rows, cols, hidden, top_p, top_i = make_batch(tr[i:i + args.batch_seqs], pad_id)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+                logits = draft_logits(draft, ids, rows, cols)
+            if args.loss == "full":
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+                    target_logits = hidden.float() @ head.T
+                kl, acc = kl_and_acceptance(logits, target_logits)
+            else:
+                kl, acc = topk_kl_and_acceptance(logits, top_p, top_i)
+            opt.zero_grad(set_to_none=True)
+            kl.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc.item():.3f}", lr=f"{lr:.1e}")
+            if step % args.eval_every == 0:
+                vkl, vacc = evaluate(draft, head, val, pad_id, args.batch_seqs)
+                log(f"train: step {step} epoch {epoch} {time.time() - start:.0f} s: "
+                    f"val KL {vkl:.3f}, val acceptance {vacc:.4f}")
+                if vacc > best[0]:
+                    best = (vacc, {k: v.detach().clone() for k, v in draft.state_dict().items()})
+                    save(draft, args.out, save_file)
+        epoch += 1
+    bar.close()
+    if step < args.steps:
+        log(f"train: stopped by the --minutes limit at step {step} of {args.steps}")
+    vkl, vacc = evaluate(draft, head, val, pad_id, args.batch_seqs)
+    log(f"train: final step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
+        f"val acceptance {vacc:.4f}")
+    if vacc > best[0]:
+        best = (vacc, None)
+        save(draft, args.out, save_file)
+    else:
+        draft.load_state_dict(best[1])
+        save(draft, args.out, save_file)
+    log(f"train: saved the best draft (val acceptance {best[0]:.4f}) to {args.out}")
+
+
+def save(draft, out: Path, save_file) -> None:
+    """Write config.json + fp16 model.safetensors (tied head stored once) atomically enough."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = draft.config.to_dict()
+    cfg["dtype"] = "float16"
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    for noise in ("id2label", "label2id", "_name_or_path", "problem_type", "chunk_size_feed_forward"):
+        cfg.pop(noise, None)
+    cfg.pop("transformers_version", None)
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
+             if k != "lm_head.weight"}
+    save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phase", choices=["all", "data", "train"], default="all")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=60, help="generation batches (shards)")
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts per generation batch")
+    ap.add_argument("--new-tokens", type=int, default=192, help="max generated tokens per prompt")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="data: generate shards b with b %% workers == worker (run one process each)")
+    ap.add_argument("--worker", type=int, default=0)
+    ap.add_argument("--gen-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="target dtype while generating data (bf16 is ~3.7x faster on AVX512-BF16 CPUs)")
+    ap.add_argument("--top-k", type=int, default=128, help="target top-k masses stored per position")
+    ap.add_argument("--max-shards", type=int, default=None, help="train on the first N shards only")
+    ap.add_argument("--steps", type=int, default=2400, help="training steps (cosine schedule length)")
+    ap.add_argument("--minutes", type=float, default=120.0,
+                    help="wall-clock safety limit for training; stops early (and says so) if reached")
+    ap.add_argument("--batch-seqs", type=int, default=8, help="sequences per training step")
+    ap.add_argument("--loss", choices=["topk", "full"], default="topk",
+                    help="KL on the stored top-k cells + tail (cheap) or on the full law from the hidden state")
+    ap.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
+                    help="bf16 autocast for the draft's forward/backward in training (fp32 weights, "
+                         "fp32 loss; ~3x faster matmuls on AVX512-BF16 CPUs); validation runs in fp32")
+    ap.add_argument("--data-dir", type=Path, default=None, help="train on these shards instead")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads; 1 per process is much faster on a shared 2-core machine")
+    ap.add_argument("--out", type=Path, default=ROOT / "otm" / "draft_model")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    conditions(args)
+    path = args.data_dir or data_dir(args)
+    if args.phase in ("all", "data"):
+        path = generate_data(args)
+    if args.phase in ("all", "train"):
+        train(args, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Tests for otm.models: cache location, the committed draft, load_pair's refusals.
+
+The light tests never load the 135M target (it is converted into the user cache on first use,
+30-40 s); those that do are marked ``model`` and run by ``make test-models`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from otm.laws import OtmError  # noqa: E402
+from otm.models import (  # noqa: E402
+    DRAFT_DIR,
+    VOCAB_SIZE,
+    cache_dir,
+    default_draft_path,
+    load_pair,
+)
+
+MAX_DRAFT_BYTES = 20 * 1024 * 1024
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg, msg
+    assert msg
+    return msg
+
+
+# --- cache location ------------------------------------------------------------------------
+
+
+def test_cache_dir_honours_otm_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "c"
+
+
+def test_cache_dir_falls_back_to_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("OTM_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "otm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "otm"
+
+
+# --- the committed draft ---------------------------------------------------------------------
+
+
+def test_draft_dir_is_committed_and_small():
+    path = default_draft_path()
+    assert path == DRAFT_DIR
+    files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+    assert "config.json" in files and "model.safetensors" in files, files
+    total = sum(files.values())
+    assert total <= MAX_DRAFT_BYTES, f"draft is {total / 2**20:.1f} MiB, limit 20 MiB"
+    config = json.loads((path / "config.json").read_text())
+    assert config["vocab_size"] == VOCAB_SIZE == 49152
+
+
+def test_draft_gives_a_finite_normalised_next_token_law():
+    draft = transformers.AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32).eval()
+    assert draft.config.vocab_size == VOCAB_SIZE
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB_SIZE, (2, 7), generator=gen)
+    with torch.no_grad():
+        logits = draft(input_ids=ids).logits  # [2, 7, V]
+    assert logits.shape == (2, 7, VOCAB_SIZE)
+    assert torch.isfinite(logits).all()
+    law = torch.softmax(logits[:, -1].double(), dim=-1)
+    assert torch.allclose(law.sum(-1), torch.ones(2, dtype=torch.float64), atol=1e-9)
+    assert (law >= 0).all()
+    # not degenerate: the law depends on the input
+    assert not torch.allclose(law[0], law[1])
+
+
+def test_draft_package_data_is_declared():
+    """A normal (non-editable) install must ship otm/draft_model/*."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "pyproject.toml").read_text()
+    assert "[tool.setuptools.package-data]" in text
+    assert "draft_model/*" in text
+
+
+# --- load_pair refusals ------------------------------------------------------------------------
+
+
+def _tiny_llama(path: Path, vocab: int) -> Path:
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_load_pair_missing_path(tmp_path):
+    with pytest.raises(OtmError) as exc:
+        load_pair(tmp_path / "nowhere", tmp_path / "nowhere_either")
+    msg = _one_line(exc)
+    assert "does not exist" in msg and "target" in msg
+
+
+def test_load_pair_directory_without_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OtmError) as exc:
+        load_pair(tmp_path / "empty", tmp_path / "empty")
+    assert "config.json" in _one_line(exc)
+
+
+def test_load_pair_file_is_not_a_model(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"\0")
+    with pytest.raises(OtmError) as exc:
+        load_pair(f, f)
+    assert "not a directory" in _one_line(exc)
+
+
+def test_load_pair_vocabulary_mismatch(tmp_path):
+    a = _tiny_llama(tmp_path / "a", 32)
+    b = _tiny_llama(tmp_path / "b", 48)
+    with pytest.raises(OtmError) as exc:
+        load_pair(a, b)
+    msg = _one_line(exc)
+    assert "32" in msg and "48" in msg and "vocabulary" in msg
+
+
+def test_load_pair_missing_draft_reported_as_draft(tmp_path):
+    a = _tiny_llama(tmp_path / "a", 32)
+    with pytest.raises(OtmError) as exc:
+        load_pair(a, tmp_path / "missing")
+    assert "draft" in _one_line(exc)
+
+
+# --- heavy: the converted target ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair()
+
+
+@pytest.mark.model
+def test_target_converts_and_matches_the_draft_vocabulary(pair):
+    target, draft, tokenizer = pair
+    assert target.config.vocab_size == draft.config.vocab_size == VOCAB_SIZE
+    assert len(tokenizer) == VOCAB_SIZE
+    assert not target.training and not draft.training
+    from otm.models import default_target_path
+
+    path = default_target_path()
+    assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
+    # never written into the repository
+    assert Path(__file__).resolve().parents[1] not in path.resolve().parents
+
+
+@pytest.mark.model
+def test_draft_acceptance_on_held_out_prompts(pair):
+    from otm.models import held_out_acceptance
+
+    target, draft, tokenizer = pair
+    prompts = ["How do submarines dive and surface?", "Write a haiku about a quiet train station at night."]
+    per_prompt = held_out_acceptance(target, draft, tokenizer, prompts, new_tokens=48, seed=7)
+    import numpy as np
+
+    acc = np.concatenate(per_prompt)
+    assert ((acc >= 0) & (acc <= 1 + 1e-6)).all()
+    assert acc.mean() > 0.35, f"held-out acceptance {acc.mean():.3f}"
