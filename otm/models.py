@@ -9,7 +9,7 @@ time:
   copy (about 540 MB) plus the tokenizer under :func:`cache_dir`. Later calls return the cached
   path at once. The conversion writes into a temporary sibling directory and renames it into
   place, so an interrupted run never leaves a half-written model behind.
-- The draft is a small, 128-wide Llama distilled from that target
+- The draft is a 6-layer, 128-wide Llama distilled from that target
   (``analysis/train_draft.py``) and committed inside the package at ``otm/draft_model/``
   (config + fp16 safetensors, no tokenizer: it shares the target's vocabulary of 49152 tokens,
   and :func:`load_pair` gives back the target's tokenizer).
