@@ -1,7 +1,7 @@
 """The ``otm`` command line.
 
     otm acceptance --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 -k 2 --scheme iid [--json]
-    otm demo
+    otm demo [--no-decode]
 
 Bad input prints one line on stderr (``otm: error: ...``) and exits with status 2;
 no traceback.
@@ -122,13 +122,40 @@ DEMO_CASES = [
 
 
 def _cmd_demo(args) -> int:
-    print("otm demo: exact optimum and exact verifier acceptance on instructive cases\n")
+    if args.max_new_tokens < 1:
+        raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    print("otm demo, part 1: exact optimum and exact verifier acceptance on instructive cases\n")
     for title, t, d, k, scheme in DEMO_CASES:
         target = parse_law(t, "target")
         draft = parse_law(d, "draft")
         print(f"== {title}\n   target {t}\n   draft  {d}")
         print(format_report(acceptance_report(target, draft, k, scheme), target.size))
         print()
+    if args.no_decode:
+        return 0
+    return _demo_decode(args)
+
+
+def _demo_decode(args) -> int:
+    """Part 2: a short decode with the embedded models, autoregressive vs k = 1 vs k = 4 (K-SEQ)."""
+    import torch
+
+    from .decode.bench import run_bench
+    from .decode.sampling import Sampling
+    from .models import load_pair
+
+    torch.set_num_threads(1)  # measured here: one thread per process is faster and steadier on 2 cores
+    print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target,")
+    print("distilled draft), autoregressive vs k = 1 (speculative sampling) vs k = 4 (K-SEQ), L = 4\n")
+    print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
+    target, draft, tokenizer = load_pair(None, None, dtype=torch.float32, device="cpu")
+    command = f"otm bench-decode --k 1,4 --length 4 --verifiers kseq --prompts {args.prompts} " \
+              f"--max-new-tokens {args.max_new_tokens} --no-hf --threads 1"
+    run_bench(target, draft, tokenizer, ks=[1, 4], lengths=[4], verifiers=["kseq"], sampling=Sampling(),
+              max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0, hf=False,
+              progress=True, command=command)
+    print("\nThe full table (every verifier, k in 1,2,4,8, L in 2,4,8, transformers' assisted generation):")
+    print("  otm bench-decode --threads 1")
     return 0
 
 
@@ -150,7 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--max-lp-variables", type=int, default=DEFAULT_MAX_LP_VARIABLES)
     acc.add_argument("--max-tuples", type=int, default=DEFAULT_MAX_TUPLES, help="cap on enumerated draft tuples")
     acc.set_defaults(func=_cmd_acceptance)
-    demo = sub.add_parser("demo", help="the main job: acceptance tables on instructive cases")
+    demo = sub.add_parser(
+        "demo", help="the main job: acceptance tables on instructive cases, then a short decode with the embedded models"
+    )
+    demo.add_argument("--no-decode", action="store_true", help="only the acceptance tables (no model loading)")
+    demo.add_argument("--prompts", type=int, default=2, choices=range(1, 9), metavar="N",
+                      help="prompts of the fixed set to decode (1-8, default 2)")
+    demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt and contender (default 48)")
     demo.set_defaults(func=_cmd_demo)
     __import__("otm.gap", fromlist=["register"]).register(sub)  # `otm gap` (otm/gap.py)
     __import__("otm.decode.cli", fromlist=["register"]).register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)

@@ -79,3 +79,27 @@ def test_console_script_json():
     proc = run([*BASE, "--json"])
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["scheme"] == "iid"
+
+
+def test_demo_tables_without_models(capsys):
+    assert main(["demo", "--no-decode"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("optimum alpha* (LP, HiGHS)") == len(__import__("otm.cli").cli.DEMO_CASES)
+    assert "part 2" not in out
+
+
+def test_demo_bad_token_budget_fails_before_printing():
+    proc = run(["demo", "--max-new-tokens", "0"])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("otm: error:") and "max-new-tokens" in proc.stderr
+
+
+@pytest.mark.model
+def test_demo_decodes_with_the_embedded_models():
+    proc = subprocess.run([sys.executable, "-m", "otm.cli", "demo", "--prompts", "1", "--max-new-tokens", "8"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "contender" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["autoregressive", "speculative k=1 L=4", "kseq k=4 L=4"]
+    for r in rows:
+        assert int(r.split("|")[2]) == 8  # every contender emitted its 8 tokens
