@@ -116,7 +116,8 @@ class DecodeStats:
         return [a / v if v else float("nan") for a, v in zip(self.accepted_by_depth, self.verified_by_depth)]
 
     def summary(self) -> str:
-        acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth) or "-"
+        # a depth never reached (every path rejected above it) has no acceptance: shown as "-"
+        acc = " ".join("-" if a != a else f"{a:.2f}" for a in self.acceptance_by_depth) or "-"
         return (
             f"{self.method}: {self.new_tokens} tokens in {self.target_calls} target calls "
             f"(block efficiency {self.block_efficiency:.2f}), {self.draft_calls} draft calls, "
