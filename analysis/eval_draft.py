@@ -74,9 +74,9 @@ HELD_OUT_PROMPTS = [
 
 def check_held_out() -> None:
     """Refuse to run if a held-out prompt is also a training prompt."""
-    from train_draft import TEMPLATES, TOPICS
+    from train_draft import all_training_prompts
 
-    training = {t.format(topic) for t in TEMPLATES for topic in TOPICS}
+    training = all_training_prompts()
     overlap = training.intersection(HELD_OUT_PROMPTS)
     if overlap:
         raise SystemExit(f"held-out prompts also used in training: {sorted(overlap)}")

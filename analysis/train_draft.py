@@ -57,6 +57,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "analysis"))
 
 from otm.models import cache_dir, default_target_path  # noqa: E402
 
@@ -110,6 +111,72 @@ TOPICS = [
 
 # ---------------------------------------------------------------------------------------------
 
+# Prompt set "v2" (``--prompt-set v2``, added in the second round): other request styles (direct
+# "how does it work" questions, how-to and advice, short creative forms, notes, names, reviews,
+# plans) on other, everyday topics. Written without looking at per-prompt scores; it shares
+# *styles* with the held-out prompts of analysis/eval_draft.py (that was the point: the first
+# round's held-out prompts scored 0.06 below its training style) but none of their topics, and
+# no training prompt equals a held-out one (checked in training_prompts and by eval_draft.py).
+
+TEMPLATES_2 = [
+    "How does {} work?",
+    "Write a haiku about {}.",
+    "Write a limerick about {}.",
+    "What should I know before trying {}?",
+    "Tell me a bedtime story about {}.",
+    "Write a thank-you note to someone who taught me about {}.",
+    "Can you suggest a name for a shop that is all about {}?",
+    "What is the difference between {} and something similar to it?",
+    "Describe a typical day for someone whose job involves {}.",
+    "What are some common mistakes people make with {}?",
+    "Write the opening paragraph of a novel that involves {}.",
+    "Give advice to someone who is new to {}.",
+    "Write a short speech about {}.",
+    "Plan a weekend activity around {}.",
+    "Explain {} in simple terms.",
+    "Write a short review of a book about {}.",
+    "How can I get better at understanding {}?",
+    "Write a motivational message that mentions {}.",
+    "Describe {} to someone who has never seen it.",
+    "Answer briefly: what is the most important thing to know about {}?",
+    "I am curious about {}. Where should I start?",
+    "Write a short news report about {}.",
+    "What questions would a child ask about {}, and how would you answer them?",
+    "Tell me a joke about {}, then explain why it is funny.",
+]
+
+TOPICS_2 = [
+    "a leaky faucet", "umbrellas", "kites", "the post office", "elevators", "microwave ovens",
+    "washing machines", "candles", "sourdough starter", "tomato plants", "houseplants",
+    "a school science fair", "fireflies", "hedgehogs", "owls", "foxes", "elephants", "giraffes",
+    "sea turtles", "jellyfish", "sharks", "frogs", "butterflies", "squirrels", "rabbits",
+    "the stock market", "taxes", "credit cards", "renting an apartment", "buying a used car",
+    "writing a resume", "volunteering", "board games", "card tricks", "magic shows", "the circus",
+    "yoga", "cycling to work", "hiking boots", "sunscreen", "headaches", "drinking water",
+    "brushing teeth", "allergies", "first aid", "the dentist", "hospitals", "firefighters",
+    "teachers", "nurses", "farmers", "carpenters", "space stations", "Mars", "satellites",
+    "telescopes", "comets", "the northern lights", "rainbows", "fog", "hurricanes", "tornadoes",
+    "rivers", "lakes", "caves", "waterfalls", "the Great Wall of China", "the Vikings", "samurai",
+    "the Olympic Games", "democracy", "elections", "newspapers", "radio", "television",
+    "podcasts", "passwords", "cybersecurity", "spreadsheets", "3D printing", "virtual reality",
+    "social media", "online shopping", "family dinners", "grandparents", "siblings",
+    "the first day at a new school", "graduation", "ice cream", "sandwiches", "rice",
+    "apples", "cheese", "soup", "pancakes", "salad", "coffee shops", "train journeys",
+    "road trips", "sailing", "skiing", "tennis", "dancing", "singing", "drawing", "origami",
+    "pottery", "woodworking", "sewing", "hats", "shoes", "bicycles repair", "batteries",
+    "light bulbs", "printers", "keyboards", "the alphabet", "handwriting", "dictionaries",
+]
+
+PROMPT_SETS = {"v1": (TEMPLATES, TOPICS), "v2": (TEMPLATES_2, TOPICS_2)}
+
+
+def all_training_prompts() -> set[str]:
+    """Every prompt any prompt set can produce (eval_draft.py checks its held-out set against it)."""
+    return {t.format(topic) for templates, topics in PROMPT_SETS.values()
+            for t in templates for topic in topics}
+
+# ---------------------------------------------------------------------------------------------
+
 DRAFT_CONFIG = dict(
     hidden_size=128,
     intermediate_size=512,
@@ -124,9 +191,15 @@ DRAFT_CONFIG = dict(
 """Draft architecture (LlamaForCausalLM); vocab and special token ids come from the target."""
 
 
-def training_prompts(n: int, seed: int) -> list[str]:
-    """``n`` distinct user messages: templates x topics, shuffled with ``seed``."""
-    pairs = [t.format(topic) for t in TEMPLATES for topic in TOPICS]
+def training_prompts(n: int, seed: int, prompt_set: str = "v1") -> list[str]:
+    """``n`` distinct user messages: templates x topics of ``prompt_set``, shuffled with ``seed``."""
+    templates, topics = PROMPT_SETS[prompt_set]
+    pairs = [t.format(topic) for t in templates for topic in topics]
+    from eval_draft import HELD_OUT_PROMPTS
+
+    overlap = set(pairs).intersection(HELD_OUT_PROMPTS)
+    if overlap:
+        raise SystemExit(f"training prompts equal to held-out ones: {sorted(overlap)}")
     rng = random.Random(seed)
     rng.shuffle(pairs)
     if n > len(pairs):
@@ -162,7 +235,8 @@ def load_target(dtype=torch.float32):
 def data_dir(args) -> Path:
     key = json.dumps(
         dict(seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
-             gen_dtype=args.gen_dtype, v=3),
+             gen_dtype=args.gen_dtype, v=3)
+        | ({} if args.prompt_set == "v1" else dict(prompt_set=args.prompt_set)),  # v1 keeps its hash
         sort_keys=True,
     )
     return cache_dir() / "draft_data" / hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -174,7 +248,7 @@ def generate_data(args) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps(dict(
         seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
-        gen_dtype=args.gen_dtype), indent=1))
+        gen_dtype=args.gen_dtype, prompt_set=args.prompt_set), indent=1))
     todo = [b for b in range(args.worker, args.batches, args.workers)
             if not (out / f"shard_{b:04d}.pt").exists()]
     log(f"data: {args.batches} batches of {args.batch_size} prompts x {args.new_tokens} new tokens "
@@ -183,7 +257,7 @@ def generate_data(args) -> Path:
         return out
     model, tokenizer = load_target(getattr(torch, args.gen_dtype))
     tokenizer.padding_side = "left"
-    prompts = training_prompts(args.batches * args.batch_size, args.seed)
+    prompts = training_prompts(args.batches * args.batch_size, args.seed, args.prompt_set)
     captured: list[torch.Tensor] = []
     top: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -240,12 +314,15 @@ def generate_data(args) -> Path:
 # Phase 2: distillation
 
 
-def load_examples(path: Path, max_shards: int | None):
+def load_examples(paths: list[Path], max_shards: int | None):
     """Per sequence: (ids [L] long, first generated position p, hidden [T, 576] fp16,
-    top-k masses [T, K] and their token ids [T, K])."""
-    shards = sorted(path.glob("shard_*.pt"))[:max_shards]
-    if not shards:
-        raise SystemExit(f"no data shards in {path}: run --phase data first")
+    top-k masses [T, K] and their token ids [T, K]), from the shards of every directory."""
+    shards = []
+    for path in paths:
+        found = sorted(path.glob("shard_*.pt"))[:max_shards]
+        if not found:
+            raise SystemExit(f"no data shards in {path}: run --phase data first")
+        shards += found
     examples = []
     for shard in shards:
         d = torch.load(shard)
@@ -368,24 +445,38 @@ def evaluate(draft, head, examples, pad_id, batch_size):
     return kls / n, accs / n
 
 
-def train(args, path: Path) -> None:
+def train(args, paths: list[Path]) -> None:
     from safetensors.torch import save_file
 
     target, tokenizer = load_target()
     head = target.lm_head.weight.detach().clone()  # [V, 576], tied to the target's embedding
-    examples, shards = load_examples(path, args.max_shards)
+    # each data directory is split on its own, the way a single directory always was, so the
+    # first round's validation sequences stay held back when its draft is trained further
+    val, tr, shards = [], [], 0
+    for path in paths:
+        examples, n = load_examples([path], args.max_shards)
+        shards += n
+        rng = random.Random(args.seed)
+        rng.shuffle(examples)
+        n_val = min(48, max(8, len(examples) // 20))
+        val += examples[:n_val]
+        tr += examples[n_val:]
     rng = random.Random(args.seed)
-    rng.shuffle(examples)
-    n_val = min(48, max(8, len(examples) // 20))
-    val, tr = examples[:n_val], examples[n_val:]
     positions = sum(e[2].shape[0] for e in tr)
     log(f"train: {shards} shards, {len(tr)} sequences ({positions} generated positions) for training, "
         f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
-    draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
+    if args.init_from:
+        from transformers import AutoModelForCausalLM
+
+        draft = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).train()
+        log(f"train: continuing from the draft in {args.init_from}")
+    else:
+        draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
     del target
     n_params = sum(p.numel() for p in draft.parameters())
     log(f"train: draft {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
-        f"{n_params / 1e6:.2f} M parameters, PCA-initialised tied embedding")
+        f"{n_params / 1e6:.2f} M parameters, "
+        f"{'from ' + str(args.init_from) if args.init_from else 'PCA-initialised tied embedding'}")
     pad_id = tokenizer.pad_token_id
     kl0, acc0 = evaluate(draft, head, val, pad_id, args.batch_seqs)
     log(f"train: before training: val KL {kl0:.3f}, val acceptance {acc0:.4f}")
@@ -403,8 +494,11 @@ def train(args, path: Path) -> None:
         for i in range(0, len(tr), args.batch_seqs):
             if time.time() >= deadline or step >= args.steps:
                 break
+            progress = step / est_steps
+            if args.schedule_by_time:  # the cosine follows whichever limit comes first
+                progress = max(progress, (time.time() - start) / (args.minutes * 60))
             lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
-                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / est_steps))))
+                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
             for g in opt.param_groups:
                 g["lr"] = lr
             ids, rows, cols, hidden, top_p, top_i = make_batch(tr[i:i + args.batch_seqs], pad_id)
@@ -485,7 +579,14 @@ def main(argv=None) -> None:
     ap.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
                     help="bf16 autocast for the draft's forward/backward in training (fp32 weights, "
                          "fp32 loss; ~3x faster matmuls on AVX512-BF16 CPUs); validation runs in fp32")
-    ap.add_argument("--data-dir", type=Path, default=None, help="train on these shards instead")
+    ap.add_argument("--data-dir", type=Path, nargs="+", default=None,
+                    help="train on the shards of these directories instead (several: their union)")
+    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="v1",
+                    help="data: which templates x topics the target answers (v2: other styles and topics)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="train: start from this draft directory instead of the PCA initialisation")
+    ap.add_argument("--schedule-by-time", action="store_true",
+                    help="train: the cosine lr schedule ends at --minutes if that comes before --steps")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)
@@ -495,11 +596,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     conditions(args)
-    path = args.data_dir or data_dir(args)
+    paths = args.data_dir or [data_dir(args)]
     if args.phase in ("all", "data"):
-        path = generate_data(args)
+        paths = [generate_data(args)]
     if args.phase in ("all", "train"):
-        train(args, path)
+        train(args, paths)
 
 
 if __name__ == "__main__":

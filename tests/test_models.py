@@ -174,7 +174,8 @@ def test_draft_acceptance_on_held_out_prompts(pair):
 
     acc = np.concatenate(per_prompt)
     assert ((acc >= 0) & (acc <= 1 + 1e-6)).all()
-    # A regression guard, not the goal: the committed draft measures 0.286 here (0.338 over all
-    # 32 held-out prompts, docs/models.md), short of the 0.35 this test was meant to require.
-    # An untrained (PCA-initialised) draft gives about 0.05 and the target's average law 0.13.
-    assert acc.mean() > 0.2, f"held-out acceptance {acc.mean():.3f}"
+    # A regression guard, not the goal: the committed (second-round) draft measures 0.324 here
+    # (0.361 over all 32 held-out prompts, docs/models.md; the first-round draft 0.286 and 0.338),
+    # short of the 0.35 this test was meant to require. An untrained (PCA-initialised) draft
+    # gives about 0.05 and the target's average law 0.13.
+    assert acc.mean() > 0.25, f"held-out acceptance {acc.mean():.3f}"
