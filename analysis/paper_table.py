@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otm.gap import write_table  # noqa: E402
+from otm.gap import load_resume_cache, write_table  # noqa: E402
 
 PROMPTS = [
     # instruction following (Alpaca / Dolly style)
@@ -202,14 +202,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     fp = loader.fingerprint() if hasattr(loader, "fingerprint") else "na"
     cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{fp}-{key}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            try:
-                r = json.loads(line)
-                done[r["prompt"]] = r
-            except (json.JSONDecodeError, KeyError):
-                continue
+    done = load_resume_cache(cache, lambda r: r["prompt"])
     t0 = time.perf_counter()
     models = None
     for i in tqdm(range(prompts), desc="prompts", disable=not progress):

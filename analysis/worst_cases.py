@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otm.gap import write_table  # noqa: E402
+from otm.gap import load_resume_cache, write_table  # noqa: E402
 from otm.worst_case import bound, search  # noqa: E402
 
 RRSW_MAX_TUPLES = 60_000  # exact RRSw path sum per evaluation: V^k entries at most
@@ -79,14 +79,7 @@ def main(argv=None) -> int:
     maxiter, polish = (40, 200) if args.quick else (args.maxiter, args.polish)
     cache = out / "cache" / f"worst_cases-{'quick' if args.quick else 'full'}-seed{args.seed}-it{maxiter}-p{polish}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn last line
-            done[(r["rule"], r["k"], r["V"])] = r
+    done = load_resume_cache(cache, lambda r: (r["rule"], r["k"], r["V"]))
     todo = [g for g in grid(args.quick) if (g[0], g[1], g[2]) not in done]
     for rule, k, V, starts in tqdm(todo, desc="worst cases", unit="run"):
         t0 = time.perf_counter()
@@ -98,14 +91,7 @@ def main(argv=None) -> int:
     runs = [done[(r, k, V)] for r, k, V, _ in grid(args.quick)]
     n_grid = 20 if args.quick else GRID
     gcache = out / "cache" / f"worst_cases-grid{n_grid}.jsonl"
-    gdone = {}
-    if gcache.exists():
-        for line in gcache.read_text().splitlines():
-            try:
-                r = json.loads(line)
-                gdone[(r["rule"], r["k"])] = r
-            except (json.JSONDecodeError, KeyError):
-                continue
+    gdone = load_resume_cache(gcache, lambda r: (r["rule"], r["k"]))
     gkeys = sorted({(r, k) for r, k, _, _ in grid(args.quick) if r in ("kseq", "rrs")})
     for rule, k in tqdm([g for g in gkeys if g not in gdone], desc="V=2 grid", unit="run"):
         rec = grid_v2(rule, k, n_grid)

@@ -41,6 +41,7 @@ missing (pair, k). ``--quick`` uses small sizes and finishes in well under a min
 from __future__ import annotations
 
 import csv
+import json
 import math
 import textwrap
 import time
@@ -142,6 +143,23 @@ def evaluate_pair(target, draft, k: int, *, paths: int, rng) -> dict:
 
 
 # ----------------------------------------------------------------------------- sweep + cache
+
+
+def load_resume_cache(path: Path, key) -> dict:
+    """Records of a JSON-lines resume cache, by ``key(record)``; ``{}`` when there is no file.
+
+    A line that does not parse (a run cut short mid-write) or lacks a key field is skipped,
+    so the record is recomputed. Used by the resumable analysis scripts.
+    """
+    done = {}
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            try:
+                r = json.loads(line)
+                done[key(r)] = r
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return done
 
 
 def _cache_file(out: Path, cfg: Config, family: str, param: float) -> Path:
