@@ -100,6 +100,9 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--baseline", default=None,
+                    help="a second draft dir scored on the same target samples: prints the paired "
+                         "difference with a bootstrap interval over prompts")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     check_held_out()
@@ -112,8 +115,12 @@ def main(argv=None) -> None:
     )
     target, draft, tokenizer = load_pair(args.target, args.draft)
     n_draft = sum(p.numel() for p in draft.parameters())
+    shared = draft.get_input_embeddings().weight is target.get_input_embeddings().weight
+    own = n_draft - (draft.get_input_embeddings().weight.numel() if shared else 0)
     print(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
-          f"{n_draft / 1e6:.2f} M parameters", flush=True)
+          f"{n_draft / 1e6:.2f} M parameters"
+          + (f" ({own / 1e6:.2f} M its own, the embedding/head is the target's)" if shared else ""),
+          flush=True)
     start = time.time()
     per_prompt = held_out_acceptance(
         target, draft, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
@@ -128,6 +135,19 @@ def main(argv=None) -> None:
           f"median {np.median(per_prompt_means):.3f}, max {per_prompt_means.max():.3f}")
     print(f"held-out acceptance sum_x min(target, draft), mean over positions: "
           f"{all_pos.mean():.4f}  (95% CI {lo:.4f} .. {hi:.4f}, bootstrap over prompts)")
+    if args.baseline:
+        _, base, _ = load_pair(args.target, args.baseline)
+        base_pp = held_out_acceptance(
+            target, base, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
+            new_tokens=args.new_tokens, seed=args.seed,
+        )
+        if [len(a) for a in base_pp] != [len(a) for a in per_prompt]:
+            raise SystemExit("the target's samples differ between the two runs: no paired comparison")
+        diff = [a - b for a, b in zip(per_prompt, base_pp)]
+        dlo, dhi = bootstrap_ci(diff, args.seed)
+        b_all = np.concatenate(base_pp)
+        print(f"baseline {args.baseline}: {b_all.mean():.4f}; paired difference draft - baseline "
+              f"{all_pos.mean() - b_all.mean():+.4f} (95% CI {dlo:+.4f} .. {dhi:+.4f}, bootstrap over prompts)")
 
 
 if __name__ == "__main__":

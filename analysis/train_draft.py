@@ -403,6 +403,54 @@ def build_draft(target, tokenizer, seed: int, sample_hidden: torch.Tensor):
     return draft
 
 
+def build_shared_draft(target, layers: list[int], intermediate: int):
+    """A draft made of a few of the target's own layers, sharing the target's embedding and head.
+
+    Same widths as the target (hidden 576, 9 heads, 3 kv heads); ``layers`` picks which target
+    layers are copied (in order) and ``intermediate`` how many MLP neurons each keeps: the
+    ``intermediate`` neurons with the largest ``|gate_j| |up_j| |down_j|`` (row/column norms),
+    in their original order. The final norm is the target's. The embedding (tied to the head) is
+    the target's tensor, frozen, and not saved: the config says ``otm_embedding_from: "target"``
+    and :func:`otm.models.load_draft` puts the target's embedding back at load time.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from otm.models import SHARED_EMBEDDING_KEY
+
+    tc = target.config.to_dict()
+    for noise in ("_name_or_path", "_model_name_or_path", "transformers_version", "architectures",
+                  "dtype", "torch_dtype", "quantization_config"):
+        tc.pop(noise, None)
+    tc.update(num_hidden_layers=len(layers), intermediate_size=intermediate, max_position_embeddings=2048,
+              tie_word_embeddings=True, **{SHARED_EMBEDDING_KEY: "target"})
+    config = LlamaConfig(**tc)
+    draft = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for j, src in enumerate(layers):
+            s_layer, d_layer = target.model.layers[src], draft.model.layers[j]
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(d_layer.self_attn, name).weight.copy_(getattr(s_layer.self_attn, name).weight)
+            d_layer.input_layernorm.weight.copy_(s_layer.input_layernorm.weight)
+            d_layer.post_attention_layernorm.weight.copy_(s_layer.post_attention_layernorm.weight)
+            g, u, d = s_layer.mlp.gate_proj.weight, s_layer.mlp.up_proj.weight, s_layer.mlp.down_proj.weight
+            score = g.norm(dim=1) * u.norm(dim=1) * d.norm(dim=0)
+            keep = score.topk(intermediate).indices.sort().values
+            d_layer.mlp.gate_proj.weight.copy_(g[keep])
+            d_layer.mlp.up_proj.weight.copy_(u[keep])
+            d_layer.mlp.down_proj.weight.copy_(d[:, keep])
+        draft.model.norm.weight.copy_(target.model.norm.weight)
+    emb = target.get_input_embeddings().weight.detach().clone()
+    share_embedding(draft, emb)
+    return draft
+
+
+def share_embedding(draft, emb: torch.Tensor) -> None:
+    """Make ``emb`` (frozen) the draft's tied embedding and head."""
+    param = torch.nn.Parameter(emb, requires_grad=False)
+    draft.model.embed_tokens.weight = param
+    draft.lm_head.weight = param
+
+
 def topk_kl_and_acceptance(logits, top_p, top_i):
     """KL(target || draft) on the partition {top-k tokens of the target, everything else}.
 
@@ -465,23 +513,37 @@ def train(args, paths: list[Path]) -> None:
     positions = sum(e[2].shape[0] for e in tr)
     log(f"train: {shards} shards, {len(tr)} sequences ({positions} generated positions) for training, "
         f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
+    torch.manual_seed(args.seed)
     if args.init_from:
         from transformers import AutoModelForCausalLM
 
-        draft = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).train()
+        from otm.models import draft_shares_embedding, load_draft
+
+        if draft_shares_embedding(args.init_from):
+            draft = load_draft(args.init_from, target)
+            share_embedding(draft, target.get_input_embeddings().weight.detach().clone())
+            draft = draft.train()
+        else:
+            draft = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).train()
         log(f"train: continuing from the draft in {args.init_from}")
+    elif args.arch == "shared":
+        draft = build_shared_draft(target, args.layers, args.intermediate).train()
     else:
         draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
     del target
     n_params = sum(p.numel() for p in draft.parameters())
+    n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    init = ("from " + str(args.init_from) if args.init_from else
+            f"target layers {args.layers}, MLP {args.intermediate} of 1536 neurons, the target's embedding (frozen, not saved)"
+            if args.arch == "shared" else "PCA-initialised tied embedding")
     log(f"train: draft {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
-        f"{n_params / 1e6:.2f} M parameters, "
-        f"{'from ' + str(args.init_from) if args.init_from else 'PCA-initialised tied embedding'}")
+        f"{n_params / 1e6:.2f} M parameters ({n_train / 1e6:.2f} M trained), {init}")
     pad_id = tokenizer.pad_token_id
     kl0, acc0 = evaluate(draft, head, val, pad_id, args.batch_seqs)
     log(f"train: before training: val KL {kl0:.3f}, val acceptance {acc0:.4f}")
 
-    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     # batches by token budget: sort-free, shuffled each epoch
     deadline = time.time() + args.minutes * 60
     est_steps = args.steps
@@ -512,7 +574,7 @@ def train(args, paths: list[Path]) -> None:
                 kl, acc = topk_kl_and_acceptance(logits, top_p, top_i)
             opt.zero_grad(set_to_none=True)
             kl.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             step += 1
             bar.update(1)
@@ -549,8 +611,11 @@ def save(draft, out: Path, save_file) -> None:
     for noise in ("id2label", "label2id", "_name_or_path", "problem_type", "chunk_size_feed_forward"):
         cfg.pop(noise, None)
     cfg.pop("transformers_version", None)
+    from otm.models import SHARED_EMBEDDING_KEY
+
+    skip = {"lm_head.weight"} | ({"model.embed_tokens.weight"} if cfg.get(SHARED_EMBEDDING_KEY) == "target" else set())
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
-             if k != "lm_head.weight"}
+             if k not in skip}
     save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -587,6 +652,13 @@ def main(argv=None) -> None:
                     help="train: start from this draft directory instead of the PCA initialisation")
     ap.add_argument("--schedule-by-time", action="store_true",
                     help="train: the cosine lr schedule ends at --minutes if that comes before --steps")
+    ap.add_argument("--arch", choices=["shared", "small"], default="shared",
+                    help="train: 'shared' = a few of the target's layers on the target's own embedding "
+                         "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2")
+    ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3],
+                    help="train, --arch shared: which target layers start the draft")
+    ap.add_argument("--intermediate", type=int, default=768,
+                    help="train, --arch shared: MLP neurons kept per layer (of the target's 1536)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)

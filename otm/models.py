@@ -249,14 +249,83 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
                 "pick a draft trained on the target's tokenizer"
             )
 
-    models = []
-    for role, path in (("target", target_dir), ("draft", draft_dir)):
+    try:
+        target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+    except Exception as exc:
+        raise OtmError(f"target model in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if draft_shares_embedding(draft_dir):
+        draft_model = load_draft(draft_dir, target_model)
+    else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            draft_model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype)
         except Exception as exc:
-            raise OtmError(f"{role} model in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-        models.append(model.to(device).eval())
-    return models[0], models[1], tokenizer
+            raise OtmError(f"draft model in {str(draft_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        draft_model = draft_model.to(device).eval()
+    return target_model, draft_model, tokenizer
+
+
+SHARED_EMBEDDING_KEY = "otm_embedding_from"
+"""config.json key of a draft that stores no embedding and uses its target's (value ``"target"``)."""
+
+
+def draft_shares_embedding(path) -> bool:
+    """True if the draft in ``path`` takes its (tied) embedding and head from the target.
+
+    Such a draft's ``model.safetensors`` holds its layers and final norm only; the 49152 x 576
+    embedding, which would be 54 MiB in fp16, is the target's own tensor at load time
+    (:func:`load_draft`). The embedded draft is one.
+    """
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get(SHARED_EMBEDDING_KEY) == "target"
+
+
+def load_draft(path, target_model):
+    """Load a draft whose config says ``otm_embedding_from: "target"`` next to ``target_model``.
+
+    The draft is a ``LlamaForCausalLM`` built from its config; its saved tensors are loaded
+    (every one must be present except the embedding and head), and its tied embedding/head is
+    the target's input-embedding ``Parameter`` itself (shared, not copied), so the draft follows
+    the target's dtype and device. Raises :class:`~otm.laws.OtmError` if the target's embedding
+    does not have the draft's shape (vocab x hidden) or a tensor is missing.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as exc:
+        raise OtmError(f"draft config in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    embedding = target_model.get_input_embeddings().weight
+    want = (config.vocab_size, config.hidden_size)
+    if tuple(embedding.shape) != want:
+        raise OtmError(
+            f"the draft in {str(path)!r} uses its target's embedding, which must be {want[0]} x {want[1]}, "
+            f"but this target's is {embedding.shape[0]} x {embedding.shape[1]}: pair it with the target it was "
+            "trained from (SmolLM2-135M-Instruct)"
+        )
+    if not getattr(config, "tie_word_embeddings", False):
+        raise OtmError(f"the draft in {str(path)!r} shares the target's embedding but its config does not tie "
+                       "the head to it (tie_word_embeddings false): the file is not an otm shared-embedding draft")
+    model = AutoModelForCausalLM.from_config(config)
+    try:
+        state = load_file(str(path / "model.safetensors"))
+    except Exception as exc:
+        raise OtmError(f"draft weights in {str(path)!r} do not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    expected = {name for name, _ in model.named_parameters(remove_duplicate=False)} - shared
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise OtmError(f"draft weights in {str(path)!r} do not match its config (missing {missing[:3]}, "
+                       f"unexpected {extra[:3]}): retrain or re-save the draft")
+    model.load_state_dict(state, strict=False)
+    model = model.to(device=embedding.device, dtype=embedding.dtype)
+    model.model.embed_tokens.weight = embedding
+    model.lm_head.weight = embedding
+    return model.eval()
 
 
 def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_tokens=128,

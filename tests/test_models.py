@@ -66,8 +66,30 @@ def test_draft_dir_is_committed_and_small():
     assert config["vocab_size"] == VOCAB_SIZE == 49152
 
 
+class _StubTarget(torch.nn.Module):
+    """Stands in for the 135M target where only its embedding matters (load_draft)."""
+
+    def __init__(self, vocab: int, hidden: int, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        with torch.no_grad():
+            self.embed.weight.copy_(torch.randn(vocab, hidden, generator=gen) * 0.02)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+
 def test_draft_gives_a_finite_normalised_next_token_law():
-    draft = transformers.AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32).eval()
+    from otm.models import draft_shares_embedding, load_draft
+
+    if draft_shares_embedding(DRAFT_DIR):
+        stub = _StubTarget(VOCAB_SIZE, json.loads((DRAFT_DIR / "config.json").read_text())["hidden_size"])
+        draft = load_draft(DRAFT_DIR, stub)
+        assert draft.get_input_embeddings().weight is stub.embed.weight  # shared, not copied
+        assert draft.get_output_embeddings().weight is stub.embed.weight
+    else:
+        draft = transformers.AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32).eval()
     assert draft.config.vocab_size == VOCAB_SIZE
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, VOCAB_SIZE, (2, 7), generator=gen)
@@ -82,6 +104,71 @@ def test_draft_gives_a_finite_normalised_next_token_law():
     assert not torch.allclose(law[0], law[1])
 
 
+# --- drafts that share their target's embedding (tiny models) --------------------------------
+
+
+def _tiny_shared_pair(tmp_path: Path, *, target_hidden: int = 16, drop: str | None = None):
+    """A tiny target and a tiny draft saved the way train_draft.py saves a shared draft; also
+    the reference draft (a plain LlamaForCausalLM holding the target's embedding)."""
+    from safetensors.torch import save_file
+
+    from otm.models import SHARED_EMBEDDING_KEY
+
+    target = _tiny_llama(tmp_path / "target", 64, hidden=target_hidden)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+    )
+    torch.manual_seed(1)
+    ref = transformers.LlamaForCausalLM(config).eval()
+    if target_hidden == 16:
+        tmodel = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        with torch.no_grad():
+            ref.get_input_embeddings().weight.copy_(tmodel.get_input_embeddings().weight)
+    (tmp_path / "draft").mkdir()
+    cfg = config.to_dict() | {SHARED_EMBEDDING_KEY: "target"}
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()
+             if k not in ("model.embed_tokens.weight", "lm_head.weight") and k != drop}
+    save_file(state, str(tmp_path / "draft" / "model.safetensors"), metadata={"format": "pt"})
+    return target, tmp_path / "draft", ref
+
+
+def test_shared_draft_loads_with_the_target_embedding_and_matches_reference(tmp_path):
+    target_dir, draft_dir, ref = _tiny_shared_pair(tmp_path)
+    from otm.models import draft_shares_embedding, load_draft
+
+    assert draft_shares_embedding(draft_dir) and not draft_shares_embedding(target_dir)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    draft = load_draft(draft_dir, target)
+    assert draft.get_input_embeddings().weight is target.get_input_embeddings().weight
+    ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got, want = draft(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+
+
+def test_shared_draft_refuses_a_target_of_another_width(tmp_path):
+    from otm.models import load_draft
+
+    target_dir, draft_dir, _ = _tiny_shared_pair(tmp_path, target_hidden=24)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    with pytest.raises(OtmError) as exc:
+        load_draft(draft_dir, target)
+    msg = _one_line(exc)
+    assert "64 x 16" in msg and "64 x 24" in msg
+
+
+def test_shared_draft_missing_tensor_is_refused(tmp_path):
+    from otm.models import load_draft
+
+    target_dir, draft_dir, _ = _tiny_shared_pair(tmp_path, drop="model.norm.weight")
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    with pytest.raises(OtmError) as exc:
+        load_draft(draft_dir, target)
+    assert "model.norm.weight" in _one_line(exc)
+
+
 def test_draft_package_data_is_declared():
     """A normal (non-editable) install must ship otm/draft_model/*."""
     root = Path(__file__).resolve().parents[1]
@@ -93,9 +180,9 @@ def test_draft_package_data_is_declared():
 # --- load_pair refusals ------------------------------------------------------------------------
 
 
-def _tiny_llama(path: Path, vocab: int) -> Path:
+def _tiny_llama(path: Path, vocab: int, hidden: int = 16) -> Path:
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
     )
     torch.manual_seed(0)
