@@ -652,7 +652,7 @@ def main(argv=None) -> None:
                     help="train: start from this draft directory instead of the PCA initialisation")
     ap.add_argument("--schedule-by-time", action="store_true",
                     help="train: the cosine lr schedule ends at --minutes if that comes before --steps")
-    ap.add_argument("--arch", choices=["shared", "small"], default="shared",
+    ap.add_argument("--arch", choices=["small", "shared"], default="small",
                     help="train: 'shared' = a few of the target's layers on the target's own embedding "
                          "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3],
