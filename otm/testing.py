@@ -105,3 +105,22 @@ def chi2_power(n: int, probs0, probs1, alpha: float = 1e-3, min_expected: float 
     lam = n * float(((q1 - q0) ** 2 / q0).sum())
     crit = stats.chi2.ppf(1.0 - alpha, df)
     return max(float(stats.ncx2.sf(crit, df, lam)), power_impossible)
+
+
+def membership_cells(law_of, scheme, V: int) -> np.ndarray:
+    """Exact law of the 2V cells (y, y is one of the drafts) of a verifier's output.
+
+    ``law_of(drafts)`` is the verifier's exact output law [V] given one draft tuple and
+    ``scheme.enumerate()`` the tuples with their probabilities. Cell ``y`` holds
+    P(output = y, y not among the drafts), cell ``V + y`` P(output = y, y among the drafts): the
+    statistical tests compare a sampler's counts over these cells, which catches a rule that
+    returns the right token law through the wrong mix of acceptances and residual draws.
+    """
+    out = np.zeros(2 * V)
+    tuples, probs = scheme.enumerate()
+    for tup, pr in zip(tuples, probs):
+        law = np.asarray(law_of(tup), dtype=np.float64)
+        member = np.isin(np.arange(V), tup)
+        out[:V] += pr * np.where(member, 0.0, law)
+        out[V:] += pr * np.where(member, law, 0.0)
+    return out

@@ -14,7 +14,7 @@ import pytest
 
 from otm.laws import categorical, positive_part
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
-from otm.testing import chi2_gof, chi2_power
+from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import VERIFIERS, greedy, kseq, rrs, spechub
 from otm.verifiers.base import Bound, Outcome
 
@@ -28,14 +28,7 @@ V = TARGET.size
 
 def cells(bound: Bound, scheme) -> np.ndarray:
     """Exact P(output = y, output in drafts) for the 2V cells (y, member)."""
-    out = np.zeros(2 * V)
-    tuples, probs = scheme.enumerate()
-    for t, pr in zip(tuples, probs):
-        law = bound.law(t)
-        member = np.isin(np.arange(V), t)
-        out[:V] += pr * np.where(member, 0.0, law)
-        out[V:] += pr * np.where(member, law, 0.0)
-    return out
+    return membership_cells(bound.law, scheme, V)
 
 
 def counts(bound: Bound, scheme, seed: int) -> np.ndarray:

@@ -34,7 +34,7 @@ import torch
 import otm.torch as ot
 from otm.laws import OtmError
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
-from otm.testing import chi2_gof, chi2_power
+from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.torch import _core, _rho
 from otm.verifiers import greedy as np_greedy
 from otm.verifiers import kseq as np_kseq
@@ -107,14 +107,7 @@ def t(x, dtype=torch.float64, device="cpu"):
 
 def exact_cells(law_of, scheme) -> np.ndarray:
     """Exact P(output = y, output in drafts) for the 2V cells (y, member)."""
-    out = np.zeros(2 * V)
-    tuples, probs = scheme.enumerate()
-    for tup, pr in zip(tuples, probs):
-        law = law_of(tup)
-        member = np.isin(np.arange(V), tup)
-        out[:V] += pr * np.where(member, 0.0, law)
-        out[V:] += pr * np.where(member, law, 0.0)
-    return out
+    return membership_cells(law_of, scheme, V)
 
 
 def draw_tuples(scheme, n, seed) -> np.ndarray:
