@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "analysis"))
 
-from otm.models import held_out_acceptance, load_pair  # noqa: E402
+from otm.models import held_out_acceptance, load_draft, load_pair  # noqa: E402
 
 HELD_OUT_PROMPTS = [
     "How do I fix a flat tire on a wheelbarrow?",
@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     print(f"held-out acceptance sum_x min(target, draft), mean over positions: "
           f"{all_pos.mean():.4f}  (95% CI {lo:.4f} .. {hi:.4f}, bootstrap over prompts)")
     if args.baseline:
-        _, base, _ = load_pair(args.target, args.baseline)
+        base = load_draft(args.baseline, target)  # next to the target already loaded
         base_pp = held_out_acceptance(
             target, base, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
             new_tokens=args.new_tokens, seed=args.seed,

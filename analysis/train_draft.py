@@ -515,16 +515,11 @@ def train(args, paths: list[Path]) -> None:
         f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
     torch.manual_seed(args.seed)
     if args.init_from:
-        from transformers import AutoModelForCausalLM
-
         from otm.models import draft_shares_embedding, load_draft
 
-        if draft_shares_embedding(args.init_from):
-            draft = load_draft(args.init_from, target)
+        draft = load_draft(args.init_from, target).train()  # fp32, like the target here
+        if draft_shares_embedding(args.init_from):  # train on a frozen copy, not the target's tensor
             share_embedding(draft, target.get_input_embeddings().weight.detach().clone())
-            draft = draft.train()
-        else:
-            draft = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).train()
         log(f"train: continuing from the draft in {args.init_from}")
     elif args.arch == "shared":
         draft = build_shared_draft(target, args.layers, args.intermediate).train()

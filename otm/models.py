@@ -253,15 +253,7 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
         target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
     except Exception as exc:
         raise OtmError(f"target model in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    if draft_shares_embedding(draft_dir):
-        draft_model = load_draft(draft_dir, target_model)
-    else:
-        try:
-            draft_model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype)
-        except Exception as exc:
-            raise OtmError(f"draft model in {str(draft_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-        draft_model = draft_model.to(device).eval()
-    return target_model, draft_model, tokenizer
+    return target_model, load_draft(draft_dir, target_model), tokenizer
 
 
 SHARED_EMBEDDING_KEY = "otm_embedding_from"
@@ -273,7 +265,8 @@ def draft_shares_embedding(path) -> bool:
 
     Such a draft's ``model.safetensors`` holds its layers and final norm only; the 49152 x 576
     embedding, which would be 54 MiB in fp16, is the target's own tensor at load time
-    (:func:`load_draft`). The embedded draft is one.
+    (:func:`load_draft`). The committed draft is not one (it is self-contained); the third-round
+    experiment in ``docs/models.md`` was.
     """
     try:
         config = json.loads((Path(path) / "config.json").read_text())
@@ -283,23 +276,41 @@ def draft_shares_embedding(path) -> bool:
 
 
 def load_draft(path, target_model):
-    """Load a draft whose config says ``otm_embedding_from: "target"`` next to ``target_model``.
+    """Load the draft in ``path`` to run next to ``target_model``, in its dtype and on its device.
 
-    The draft is a ``LlamaForCausalLM`` built from its config; its saved tensors are loaded
-    (every one must be present except the embedding and head), and its tied embedding/head is
-    the target's input-embedding ``Parameter`` itself (shared, not copied), so the draft follows
-    the target's dtype and device. Raises :class:`~otm.laws.OtmError` if the target's embedding
-    does not have the draft's shape (vocab x hidden) or a tensor is missing.
+    A plain Hugging Face causal LM is loaded with ``from_pretrained``; its vocabulary must be the
+    target's. A draft whose config says ``otm_embedding_from: "target"`` (see
+    :func:`draft_shares_embedding`) is built from its config, its saved tensors are loaded (every
+    one must be present except the embedding and head), and its tied embedding/head is the
+    target's input-embedding ``Parameter`` itself (shared, not copied). Raises
+    :class:`~otm.laws.OtmError` (one line) if the model does not load, the vocabularies differ,
+    the target's embedding does not have a shared draft's shape (vocab x hidden) or a tensor is
+    missing. :func:`load_pair` loads its draft with this function.
     """
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
+    embedding = target_model.get_input_embeddings().weight
+    if not draft_shares_embedding(path):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype)
+        except Exception as exc:
+            raise OtmError(f"draft model in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        target_vocab = getattr(getattr(target_model, "config", None), "vocab_size", embedding.shape[0])
+        if model.config.vocab_size != target_vocab:
+            raise OtmError(
+                f"target vocabulary has {target_vocab} tokens but draft has {model.config.vocab_size} "
+                f"({path}): pick a draft trained on the target's tokenizer"
+            )
+        return model.to(embedding.device).eval()
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:
         raise OtmError(f"draft config in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    embedding = target_model.get_input_embeddings().weight
     want = (config.vocab_size, config.hidden_size)
     if tuple(embedding.shape) != want:
         raise OtmError(
@@ -322,10 +333,11 @@ def load_draft(path, target_model):
         raise OtmError(f"draft weights in {str(path)!r} do not match its config (missing {missing[:3]}, "
                        f"unexpected {extra[:3]}): retrain or re-save the draft")
     model.load_state_dict(state, strict=False)
-    model = model.to(device=embedding.device, dtype=embedding.dtype)
+    # share first, then move: the placeholder embedding is dropped unconverted and the shared
+    # Parameter, already in the target's dtype and device, is left as it is
     model.model.embed_tokens.weight = embedding
     model.lm_head.weight = embedding
-    return model.eval()
+    return model.to(device=embedding.device, dtype=embedding.dtype).eval()
 
 
 def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_tokens=128,

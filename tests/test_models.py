@@ -130,6 +130,20 @@ def test_shared_draft_loads_with_the_target_embedding_and_matches_reference(tmp_
     assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
 
 
+def test_load_draft_plain_model_follows_the_target_and_checks_the_vocabulary(tmp_path):
+    from otm.models import load_draft
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(
+        _tiny_llama(tmp_path / "t", 32), dtype=torch.float64).eval()
+    draft = load_draft(_tiny_llama(tmp_path / "d", 32), target)
+    assert draft.dtype == torch.float64 and not draft.training
+    assert draft.get_input_embeddings().weight is not target.get_input_embeddings().weight
+    with pytest.raises(OtmError) as exc:
+        load_draft(_tiny_llama(tmp_path / "other", 48), target)
+    msg = _one_line(exc)
+    assert "32" in msg and "48" in msg and "vocabulary" in msg
+
+
 def test_shared_draft_refuses_a_target_of_another_width(tmp_path):
     from otm.models import load_draft
 
