@@ -169,6 +169,18 @@ TOPICS_2 = [
 
 PROMPT_SETS = {"v1": (TEMPLATES, TOPICS), "v2": (TEMPLATES_2, TOPICS_2)}
 
+# Prompt set "self" (``--prompt-set self``, third round): no templates at all. The target writes
+# the user messages itself: given only the chat template up to the start of a user turn (system
+# prompt, then "<|im_start|>user\n"), it samples at temperature 1 what a user would ask, the
+# requests its instruction tuning taught it to expect (the "Magpie" recipe of Xu et al. 2024,
+# "Alignment data synthesis from scratch by prompting aligned LLMs with nothing"). It then
+# answers each of them as for the other sets. Both halves are the target's own text, seeded per
+# batch; a message must end with the end-of-turn token within SELF_QUERY_TOKENS tokens, have at
+# least SELF_MIN_CHARS characters and differ from every held-out prompt, else it is dropped.
+SELF_QUERY_TOKENS = 96
+SELF_MIN_CHARS = 12
+SELF_OVERSAMPLE = 1.5
+
 
 def all_training_prompts() -> set[str]:
     """Every prompt any prompt set can produce (eval_draft.py checks its held-out set against it)."""
@@ -189,6 +201,30 @@ DRAFT_CONFIG = dict(
     tie_word_embeddings=True,
 )
 """Draft architecture (LlamaForCausalLM); vocab and special token ids come from the target."""
+
+
+def self_prompts(model, tokenizer, n: int, seed: int) -> list[str]:
+    """Up to ``n`` user messages written by the target itself (prompt set "self", see above)."""
+    from eval_draft import HELD_OUT_PROMPTS
+
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
+    pre = chat[: chat.index("\x00")]  # system turn + "<|im_start|>user\n"
+    m = math.ceil(n * SELF_OVERSAMPLE)
+    enc = tokenizer([pre] * m, return_tensors="pt", add_special_tokens=False)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=SELF_QUERY_TOKENS, pad_token_id=tokenizer.pad_token_id)
+    held_out = set(HELD_OUT_PROMPTS)
+    prompts = []
+    for row in out[:, enc["input_ids"].shape[1]:]:
+        ended = (row == tokenizer.eos_token_id).nonzero()
+        if len(ended) == 0:
+            continue  # no end of turn within the budget: an unfinished message
+        text = tokenizer.decode(row[: ended[0, 0]], skip_special_tokens=True).strip()
+        if len(text) >= SELF_MIN_CHARS and text not in held_out:
+            prompts.append(text)
+    return prompts[:n]
 
 
 def training_prompts(n: int, seed: int, prompt_set: str = "v1") -> list[str]:
@@ -257,11 +293,15 @@ def generate_data(args) -> Path:
         return out
     model, tokenizer = load_target(getattr(torch, args.gen_dtype))
     tokenizer.padding_side = "left"
-    prompts = training_prompts(args.batches * args.batch_size, args.seed, args.prompt_set)
+    self_written = args.prompt_set == "self"
+    prompts = None if self_written else training_prompts(args.batches * args.batch_size, args.seed, args.prompt_set)
     captured: list[torch.Tensor] = []
     top: list[tuple[torch.Tensor, torch.Tensor]] = []
+    recording = [True]
 
     def record(_module, inputs, output):
+        if not recording[0]:
+            return
         captured.append(inputs[0][:, -1, :].to(torch.float16))
         top.append(torch.softmax(output[:, -1, :].float(), dim=-1).topk(args.top_k, dim=-1))
 
@@ -270,7 +310,12 @@ def generate_data(args) -> Path:
     start = time.time()
     bar = tqdm(todo, desc="generate", unit="batch")
     for b in bar:
-        batch = prompts[b * args.batch_size:(b + 1) * args.batch_size]
+        if self_written:
+            recording[0] = False
+            batch = self_prompts(model, tokenizer, args.batch_size, args.seed * 100003 + b + 10**9)
+            recording[0] = True
+        else:
+            batch = prompts[b * args.batch_size:(b + 1) * args.batch_size]
         enc = tokenizer.apply_chat_template(
             [[{"role": "user", "content": p}] for p in batch],
             add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True,
@@ -300,7 +345,7 @@ def generate_data(args) -> Path:
             log(f"data: max |logit(stored fp16 hidden) - logit(target)| = {(rec - ref).abs().max().item():.4f}"
                 f" (logit range {ref.min().item():.1f}..{ref.max().item():.1f})")
         tmp = out / f".shard_{b:04d}.pt.tmp"
-        torch.save(dict(prompt_ids=prompt_ids, new_ids=new, valid=valid, hidden=hidden,
+        torch.save(dict(prompts=batch, prompt_ids=prompt_ids, new_ids=new, valid=valid, hidden=hidden,
                         top_p=top_p, top_i=top_i), tmp)
         os.replace(tmp, out / f"shard_{b:04d}.pt")
         tokens += int(valid.sum())
@@ -465,7 +510,7 @@ def topk_kl_and_acceptance(logits, top_p, top_i):
     kl = (top_p * (top_p.clamp_min(1e-12).log() - log_dk)).sum(-1) + tail_t * (
         tail_t.clamp_min(1e-12).log() - tail_d.log())
     acc = torch.minimum(top_p, log_dk.exp()).sum(-1) + torch.minimum(tail_t, tail_d)
-    return kl.mean(), acc.detach().mean()
+    return kl.mean(), acc.mean()
 
 
 def kl_and_acceptance(draft_logits, target_logits):
@@ -475,7 +520,7 @@ def kl_and_acceptance(draft_logits, target_logits):
     t = log_t.exp()
     kl = (t * (log_t - log_d)).sum(-1)
     acc = torch.minimum(t, log_d.exp()).sum(-1)
-    return kl.mean(), acc.detach().mean()
+    return kl.mean(), acc.mean()
 
 
 def evaluate(draft, head, examples, pad_id, batch_size):
@@ -564,11 +609,13 @@ def train(args, paths: list[Path]) -> None:
             if args.loss == "full":
                 with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
                     target_logits = hidden.float() @ head.T
-                kl, acc = kl_and_acceptance(logits, target_logits)
+                kl, acc_g = kl_and_acceptance(logits, target_logits)
             else:
-                kl, acc = topk_kl_and_acceptance(logits, top_p, top_i)
+                kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
+            acc = acc_g.detach()
+            loss = kl if args.tv_weight == 0 else kl + args.tv_weight * (1.0 - acc_g)
             opt.zero_grad(set_to_none=True)
-            kl.backward()
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             step += 1
@@ -643,13 +690,18 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-seqs", type=int, default=8, help="sequences per training step")
     ap.add_argument("--loss", choices=["topk", "full"], default="topk",
                     help="KL on the stored top-k cells + tail (cheap) or on the full law from the hidden state")
+    ap.add_argument("--tv-weight", type=float, default=0.0,
+                    help="train: loss = KL + w (1 - acceptance), the acceptance sum min(target, draft) "
+                         "on the same cells as the KL (total variation, the quantity speculative "
+                         "decoding pays for; DistillSpec, Zhou et al. 2024); 0 = KL only")
     ap.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
                     help="bf16 autocast for the draft's forward/backward in training (fp32 weights, "
                          "fp32 loss; ~3x faster matmuls on AVX512-BF16 CPUs); validation runs in fp32")
     ap.add_argument("--data-dir", type=Path, nargs="+", default=None,
                     help="train on the shards of these directories instead (several: their union)")
-    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="v1",
-                    help="data: which templates x topics the target answers (v2: other styles and topics)")
+    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS) + ["self"], default="v1",
+                    help="data: which templates x topics the target answers (v2: other styles and "
+                         "topics; self: user messages written by the target itself)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="train: start from this draft directory instead of the PCA initialisation")
     ap.add_argument("--schedule-by-time", action="store_true",
