@@ -25,6 +25,11 @@ Two phases, both seeded; run them together (default) or apart:
           ``--out`` (default ``otm/draft_model/``) as config.json + model.safetensors, the tied
           head stored once; the draft uses the target's tokenizer.
 
+The committed draft is the fourth round of this script (``docs/models.md``): data from the
+template prompt sets and from ``--prompt-set self`` (user messages written by the target itself),
+and the loss ``KL + w (1 - acceptance)`` (``--tv-weight 20``), which puts the quantity speculative
+sampling pays for into the objective.
+
 Distilling on full next-token laws is far more sample-efficient than on sampled text: every
 position carries a whole distribution, not one token, and the acceptance
 ``sum_x min(target(x), draft(x)) = 1 - TV`` that speculative decoding reaches is what this
