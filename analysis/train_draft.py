@@ -174,7 +174,7 @@ TOPICS_2 = [
 
 PROMPT_SETS = {"v1": (TEMPLATES, TOPICS), "v2": (TEMPLATES_2, TOPICS_2)}
 
-# Prompt set "self" (``--prompt-set self``, third round): no templates at all. The target writes
+# Prompt set "self" (``--prompt-set self``, fourth round): no templates at all. The target writes
 # the user messages itself: given only the chat template up to the start of a user turn (system
 # prompt, then "<|im_start|>user\n"), it samples at temperature 1 what a user would ask, the
 # requests its instruction tuning taught it to expect (the "Magpie" recipe of Xu et al. 2024,
@@ -302,23 +302,17 @@ def generate_data(args) -> Path:
     prompts = None if self_written else training_prompts(args.batches * args.batch_size, args.seed, args.prompt_set)
     captured: list[torch.Tensor] = []
     top: list[tuple[torch.Tensor, torch.Tensor]] = []
-    recording = [True]
 
     def record(_module, inputs, output):
-        if not recording[0]:
-            return
         captured.append(inputs[0][:, -1, :].to(torch.float16))
         top.append(torch.softmax(output[:, -1, :].float(), dim=-1).topk(args.top_k, dim=-1))
 
-    hook = model.lm_head.register_forward_hook(record)
     tokens = 0
     start = time.time()
     bar = tqdm(todo, desc="generate", unit="batch")
     for b in bar:
-        if self_written:
-            recording[0] = False
+        if self_written:  # before the hook: the user messages are context, not training positions
             batch = self_prompts(model, tokenizer, args.batch_size, args.seed * 100003 + b + 10**9)
-            recording[0] = True
         else:
             batch = prompts[b * args.batch_size:(b + 1) * args.batch_size]
         enc = tokenizer.apply_chat_template(
@@ -328,11 +322,15 @@ def generate_data(args) -> Path:
         torch.manual_seed(args.seed * 100003 + b)
         captured.clear()
         top.clear()
-        with torch.no_grad():
-            seqs = model.generate(
-                **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id,
-            )
+        hook = model.lm_head.register_forward_hook(record)  # records the answers' positions only
+        try:
+            with torch.no_grad():
+                seqs = model.generate(
+                    **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                    max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id,
+                )
+        finally:
+            hook.remove()
         width = enc["input_ids"].shape[1]
         new = seqs[:, width:]  # [B, T]
         hidden = torch.stack(captured, dim=1)  # [B, T, 576]
@@ -355,7 +353,6 @@ def generate_data(args) -> Path:
         os.replace(tmp, out / f"shard_{b:04d}.pt")
         tokens += int(valid.sum())
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - start):.0f}")
-    hook.remove()
     log(f"data: {tokens} valid positions in {time.time() - start:.0f} s")
     return out
 
