@@ -47,6 +47,7 @@ Results, timings and the exact commands used: ``docs/models.md``.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -450,7 +451,7 @@ def build_draft(target, tokenizer, seed: int, sample_hidden: torch.Tensor):
     return draft
 
 
-def build_shared_draft(target, layers: list[int], intermediate: int):
+def build_shared_draft(target, layers: list[int], intermediate: int, share_layers: int = 0):
     """A draft made of a few of the target's own layers, sharing the target's embedding and head.
 
     Same widths as the target (hidden 576, 9 heads, 3 kv heads); ``layers`` picks which target
@@ -459,17 +460,29 @@ def build_shared_draft(target, layers: list[int], intermediate: int):
     in their original order. The final norm is the target's. The embedding (tied to the head) is
     the target's tensor, frozen, and not saved: the config says ``otm_embedding_from: "target"``
     and :func:`otm.models.load_draft` puts the target's embedding back at load time.
+
+    ``share_layers`` = n > 0 makes the first n layers (which must be the target's layers
+    0 .. n-1) the target's own, frozen and not saved either (config key
+    ``otm_layers_from_target: n``): a self-speculative draft in the manner of Kangaroo (Liu et
+    al. 2024), the target's shallow sub-network plus trained layers on top. Shared layers keep
+    the target's MLP, so ``intermediate`` must then be the target's.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from otm.models import SHARED_EMBEDDING_KEY
+    from otm.models import SHARED_EMBEDDING_KEY, SHARED_LAYERS_KEY
 
+    if share_layers and list(layers[:share_layers]) != list(range(share_layers)):
+        raise SystemExit(f"--share-layers {share_layers} needs --layers to start with 0 .. {share_layers - 1}")
+    if share_layers and intermediate != target.config.intermediate_size:
+        raise SystemExit(f"--share-layers needs --intermediate {target.config.intermediate_size} (the target's)")
     tc = target.config.to_dict()
     for noise in ("_name_or_path", "_model_name_or_path", "transformers_version", "architectures",
                   "dtype", "torch_dtype", "quantization_config"):
         tc.pop(noise, None)
     tc.update(num_hidden_layers=len(layers), intermediate_size=intermediate, max_position_embeddings=2048,
               tie_word_embeddings=True, **{SHARED_EMBEDDING_KEY: "target"})
+    if share_layers:
+        tc[SHARED_LAYERS_KEY] = share_layers
     config = LlamaConfig(**tc)
     draft = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -488,7 +501,15 @@ def build_shared_draft(target, layers: list[int], intermediate: int):
         draft.model.norm.weight.copy_(target.model.norm.weight)
     emb = target.get_input_embeddings().weight.detach().clone()
     share_embedding(draft, emb)
+    freeze_shared_layers(draft, share_layers)
     return draft
+
+
+def freeze_shared_layers(draft, n: int) -> None:
+    """The first ``n`` layers of the draft are the target's: no gradient, never saved."""
+    for layer in draft.model.layers[:n]:
+        for p in layer.parameters():
+            p.requires_grad_(False)
 
 
 def share_embedding(draft, emb: torch.Tensor) -> None:
@@ -567,16 +588,21 @@ def train(args, paths: list[Path]) -> None:
         draft = load_draft(args.init_from, target).train()  # fp32, like the target here
         if draft_shares_embedding(args.init_from):  # train on a frozen copy, not the target's tensor
             share_embedding(draft, target.get_input_embeddings().weight.detach().clone())
+            n_shared = int(getattr(draft.config, "otm_layers_from_target", 0) or 0)
+            for j in range(n_shared):  # frozen copies of the target's layers, likewise
+                draft.model.layers[j] = copy.deepcopy(target.model.layers[j])
+            freeze_shared_layers(draft, n_shared)
         log(f"train: continuing from the draft in {args.init_from}")
     elif args.arch == "shared":
-        draft = build_shared_draft(target, args.layers, args.intermediate).train()
+        draft = build_shared_draft(target, args.layers, args.intermediate, args.share_layers).train()
     else:
         draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
     del target
     n_params = sum(p.numel() for p in draft.parameters())
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     init = ("from " + str(args.init_from) if args.init_from else
-            f"target layers {args.layers}, MLP {args.intermediate} of 1536 neurons, the target's embedding (frozen, not saved)"
+            f"target layers {args.layers}, MLP {args.intermediate} of 1536 neurons, the target's embedding"
+            + (f" and its layers 0..{args.share_layers - 1}" if args.share_layers else "") + " (frozen, not saved)"
             if args.arch == "shared" else "PCA-initialised tied embedding")
     log(f"train: draft {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
         f"{n_params / 1e6:.2f} M parameters ({n_train / 1e6:.2f} M trained), {init}")
@@ -662,11 +688,12 @@ def save(draft, out: Path, save_file) -> None:
     for noise in ("id2label", "label2id", "_name_or_path", "problem_type", "chunk_size_feed_forward"):
         cfg.pop(noise, None)
     cfg.pop("transformers_version", None)
-    from otm.models import SHARED_EMBEDDING_KEY
+    from otm.models import SHARED_EMBEDDING_KEY, SHARED_LAYERS_KEY
 
     skip = {"lm_head.weight"} | ({"model.embed_tokens.weight"} if cfg.get(SHARED_EMBEDDING_KEY) == "target" else set())
+    shared_prefixes = tuple(f"model.layers.{j}." for j in range(int(cfg.get(SHARED_LAYERS_KEY) or 0)))
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
-             if k not in skip}
+             if k not in skip and not (shared_prefixes and k.startswith(shared_prefixes))}
     save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -713,6 +740,9 @@ def main(argv=None) -> None:
                          "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3],
                     help="train, --arch shared: which target layers start the draft")
+    ap.add_argument("--share-layers", type=int, default=0,
+                    help="train, --arch shared: the first N of --layers (0 .. N-1) stay the target's own, "
+                         "frozen and not saved (a Kangaroo-style self-speculative draft)")
     ap.add_argument("--intermediate", type=int, default=768,
                     help="train, --arch shared: MLP neurons kept per layer (of the target's 1536)")
     ap.add_argument("--lr", type=float, default=3e-3)

@@ -259,6 +259,10 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
 SHARED_EMBEDDING_KEY = "otm_embedding_from"
 """config.json key of a draft that stores no embedding and uses its target's (value ``"target"``)."""
 
+SHARED_LAYERS_KEY = "otm_layers_from_target"
+"""config.json key (an int n, with :data:`SHARED_EMBEDDING_KEY`) of a draft whose first n layers are
+its target's layers 0 .. n-1, shared at load time and not stored (a self-speculative draft)."""
+
 
 def draft_shares_embedding(path) -> bool:
     """True if the draft in ``path`` takes its (tied) embedding and head from the target.
@@ -282,7 +286,9 @@ def load_draft(path, target_model):
     target's. A draft whose config says ``otm_embedding_from: "target"`` (see
     :func:`draft_shares_embedding`) is built from its config, its saved tensors are loaded (every
     one must be present except the embedding and head), and its tied embedding/head is the
-    target's input-embedding ``Parameter`` itself (shared, not copied). Raises
+    target's input-embedding ``Parameter`` itself (shared, not copied); if the config also says
+    ``otm_layers_from_target: n`` the draft's layers 0 .. n-1 are the target's own layers'
+    Parameters, likewise (see :data:`SHARED_LAYERS_KEY`). Raises
     :class:`~otm.laws.OtmError` (one line) if the model does not load, the vocabularies differ,
     the target's embedding does not have a shared draft's shape (vocab x hidden) or a tensor is
     missing. :func:`load_pair` loads its draft with this function.
@@ -326,7 +332,22 @@ def load_draft(path, target_model):
         state = load_file(str(path / "model.safetensors"))
     except Exception as exc:
         raise OtmError(f"draft weights in {str(path)!r} do not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    n_shared = getattr(config, SHARED_LAYERS_KEY, 0) or 0
+    if n_shared:
+        target_layers = getattr(getattr(target_model, "model", None), "layers", None)
+        if (not isinstance(n_shared, int) or n_shared < 0 or n_shared > config.num_hidden_layers
+                or target_layers is None or n_shared > len(target_layers)):
+            raise OtmError(f"the draft in {str(path)!r} takes its first {n_shared} layers from the target, which "
+                           "this target cannot give: pair it with the target it was trained from (SmolLM2-135M-Instruct)")
+        for j in range(n_shared):
+            theirs = dict(target_layers[j].named_parameters())
+            ours = dict(model.model.layers[j].named_parameters())
+            if {k: tuple(v.shape) for k, v in theirs.items()} != {k: tuple(v.shape) for k, v in ours.items()}:
+                raise OtmError(f"the draft in {str(path)!r} shares layer {j} with its target, but this target's layer "
+                               "has other shapes: pair it with the target it was trained from (SmolLM2-135M-Instruct)")
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    shared |= {f"model.layers.{j}.{k}" for j in range(n_shared)
+               for k, _ in model.model.layers[j].named_parameters()}
     expected = {name for name, _ in model.named_parameters(remove_duplicate=False)} - shared
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
@@ -337,6 +358,10 @@ def load_draft(path, target_model):
     # Parameter, already in the target's dtype and device, is left as it is
     model.model.embed_tokens.weight = embedding
     model.lm_head.weight = embedding
+    for j in range(n_shared):  # the target's own Parameters, module by module
+        for name, param in list(target_layers[j].named_parameters()):
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.model.layers[j].get_submodule(owner), leaf, param)
     return model.to(device=embedding.device, dtype=embedding.dtype).eval()
 
 

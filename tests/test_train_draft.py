@@ -9,6 +9,7 @@ carry a gradient that raises the acceptance.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -64,3 +65,75 @@ def test_acceptance_term_has_an_ascent_gradient():
         before = kl_and_acceptance(d_logits, t_logits)[1].item()
         after = kl_and_acceptance(d_logits + 0.5 * d_logits.grad, t_logits)[1].item()
     assert after > before
+
+
+# --- self-speculative drafts: the target's first layers, shared (tiny models) -----------------
+
+
+def _tiny_target(layers=3, intermediate=32, seed=0):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=48, hidden_size=16, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_shared_layer_draft_saves_only_its_own_layers_and_loads_onto_the_targets(tmp_path):
+    """build_shared_draft(share_layers=2) + save + otm.models.load_draft: the file holds only the
+    trained layer and norm, the loaded draft uses the target's own Parameters for layers 0-1 and
+    its embedding, and computes the same logits as the draft that was trained."""
+    from safetensors.torch import load_file, save_file
+    from train_draft import build_shared_draft, save
+
+    from otm.models import SHARED_LAYERS_KEY, load_draft
+
+    target = _tiny_target()
+    draft = build_shared_draft(target, [0, 1, 2], 32, share_layers=2)
+    assert [any(p.requires_grad for p in layer.parameters()) for layer in draft.model.layers] == [False, False, True]
+    with torch.no_grad():  # the trained layer moves away from the target's layer 2
+        for p in draft.model.layers[2].parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    save(draft, tmp_path / "d", save_file)
+    stored = set(load_file(str(tmp_path / "d" / "model.safetensors")))
+    assert stored and all(k.startswith(("model.layers.2.", "model.norm.")) for k in stored), sorted(stored)
+    assert json.loads((tmp_path / "d" / "config.json").read_text())[SHARED_LAYERS_KEY] == 2
+
+    loaded = load_draft(tmp_path / "d", target)
+    assert loaded.model.layers[1].mlp.down_proj.weight is target.model.layers[1].mlp.down_proj.weight
+    assert loaded.model.layers[0].self_attn.q_proj.weight is target.model.layers[0].self_attn.q_proj.weight
+    assert loaded.model.layers[2].mlp.up_proj.weight is not target.model.layers[2].mlp.up_proj.weight
+    ids = torch.randint(0, 48, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = loaded(input_ids=ids).logits
+        want = draft.eval()(input_ids=ids).logits
+        plain_target = target(input_ids=ids).logits
+    # fp16 storage of the trained layer: close, not equal; and not the target itself
+    assert torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
+    assert not torch.allclose(got, plain_target, atol=1e-2)
+
+
+def test_shared_layer_draft_refuses_a_target_that_cannot_give_the_layers(tmp_path):
+    from safetensors.torch import save_file
+    from train_draft import build_shared_draft, save
+
+    from otm.laws import OtmError
+    from otm.models import load_draft
+
+    save(build_shared_draft(_tiny_target(), [0, 1, 2], 32, share_layers=2), tmp_path / "d", save_file)
+    with pytest.raises(OtmError) as exc:  # another MLP width: layer shapes differ
+        load_draft(tmp_path / "d", _tiny_target(intermediate=40))
+    assert "\n" not in str(exc.value) and "layer 0" in str(exc.value)
+    with pytest.raises(OtmError) as exc:  # too few layers
+        load_draft(tmp_path / "d", _tiny_target(layers=1))
+    assert "\n" not in str(exc.value) and "first 2 layers" in str(exc.value)
+
+
+def test_shared_layers_must_be_the_first_layers_at_the_targets_width():
+    from train_draft import build_shared_draft
+
+    with pytest.raises(SystemExit, match="start with 0"):
+        build_shared_draft(_tiny_target(), [1, 2], 32, share_layers=1)
+    with pytest.raises(SystemExit, match="--intermediate 32"):
+        build_shared_draft(_tiny_target(), [0, 1], 16, share_layers=1)
