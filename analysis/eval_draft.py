@@ -115,11 +115,13 @@ def main(argv=None) -> None:
     )
     target, draft, tokenizer = load_pair(args.target, args.draft)
     n_draft = sum(p.numel() for p in draft.parameters())
-    shared = draft.get_input_embeddings().weight is target.get_input_embeddings().weight
-    own = n_draft - (draft.get_input_embeddings().weight.numel() if shared else 0)
+    theirs = {id(p) for p in target.parameters()}  # a draft may share the target's own Parameters
+    own = sum(p.numel() for p in draft.parameters() if id(p) not in theirs)
+    n_layers = sum(all(id(p) in theirs for p in layer.parameters()) for layer in draft.model.layers) \
+        if hasattr(getattr(draft, "model", None), "layers") else 0
+    shared = ("the embedding/head" + (f" and {n_layers} layers are" if n_layers else " is") + " the target's")
     print(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
-          f"{n_draft / 1e6:.2f} M parameters"
-          + (f" ({own / 1e6:.2f} M its own, the embedding/head is the target's)" if shared else ""),
+          f"{n_draft / 1e6:.2f} M parameters" + (f" ({own / 1e6:.2f} M its own, {shared})" if own < n_draft else ""),
           flush=True)
     start = time.time()
     per_prompt = held_out_acceptance(
