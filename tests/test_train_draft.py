@@ -137,3 +137,35 @@ def test_shared_layers_must_be_the_first_layers_at_the_targets_width():
         build_shared_draft(_tiny_target(), [1, 2], 32, share_layers=1)
     with pytest.raises(SystemExit, match="--intermediate 32"):
         build_shared_draft(_tiny_target(), [0, 1], 16, share_layers=1)
+
+
+def test_decoding_with_a_shared_layer_draft_equals_decoding_with_an_unshared_copy(tmp_path):
+    """The draft and the target share layer Parameters but never caches: the decoder gives the
+    same tokens with the loaded (shared) draft as with a deep copy that shares nothing, and the
+    target's weights are untouched."""
+    import copy
+
+    from safetensors.torch import save_file
+    from train_draft import build_shared_draft, save
+
+    from otm.decode import Sampling, speculative_decode
+    from otm.models import load_draft
+
+    target = _tiny_target(layers=3)
+    draft = build_shared_draft(target, [0, 1, 2], 32, share_layers=2)
+    with torch.no_grad():
+        for p in draft.model.layers[2].parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    save(draft, tmp_path / "d", save_file)
+    shared = load_draft(tmp_path / "d", target)
+    assert shared.model.layers[0].self_attn.k_proj.weight is target.model.layers[0].self_attn.k_proj.weight
+    unshared = copy.deepcopy(shared)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    ids = torch.tensor([[1, 5, 9, 3]])
+    runs = [speculative_decode(target, d, ids, k=3, length=3, verifier="kseq", scheme="iid",
+                               sampling=Sampling(temperature=1.0, top_k=0, top_p=1.0),
+                               max_new_tokens=20, eos_token_id=None, seed=7)
+            for d in (shared, unshared)]
+    assert len(runs[0].tokens) == 20
+    assert list(runs[0].tokens) == list(runs[1].tokens)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
