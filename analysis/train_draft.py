@@ -284,13 +284,31 @@ def data_dir(args) -> Path:
     return cache_dir() / "draft_data" / hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def check_meta(path: Path, meta: dict) -> None:
+    """Refuse to add shards to a data directory made with other settings (one line, exit).
+
+    A key the existing ``meta.json`` lacks is accepted (files written before that key existed);
+    a key present with another value means the cached shards were made differently."""
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    differ = sorted(k for k in meta if k in old and old[k] != meta[k])
+    if differ:
+        raise SystemExit(
+            f"{path.parent} holds shards made with other settings ({', '.join(f'{k}: {old[k]} there, {meta[k]} now' for k in differ)}): "
+            "use another --seed or move that directory away")
+
+
 def generate_data(args) -> Path:
     """Generate ``args.batches`` shards (resumable); return the data directory."""
     out = data_dir(args)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps(dict(
-        seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
-        gen_dtype=args.gen_dtype, prompt_set=args.prompt_set), indent=1))
+    meta = dict(seed=args.seed, batch_size=args.batch_size, new_tokens=args.new_tokens, top_k=args.top_k,
+                gen_dtype=args.gen_dtype, prompt_set=args.prompt_set)
+    if args.prompt_set == "self":  # not in the directory's hash (it predates them): checked here
+        meta["self"] = dict(query_tokens=SELF_QUERY_TOKENS, min_chars=SELF_MIN_CHARS, oversample=SELF_OVERSAMPLE)
+    check_meta(out / "meta.json", meta)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
     todo = [b for b in range(args.worker, args.batches, args.workers)
             if not (out / f"shard_{b:04d}.pt").exists()]
     log(f"data: {args.batches} batches of {args.batch_size} prompts x {args.new_tokens} new tokens "

@@ -169,3 +169,20 @@ def test_decoding_with_a_shared_layer_draft_equals_decoding_with_an_unshared_cop
     assert len(runs[0].tokens) == 20
     assert list(runs[0].tokens) == list(runs[1].tokens)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_data_directory_meta_refuses_other_settings_and_accepts_older_files(tmp_path):
+    from train_draft import check_meta
+
+    path = tmp_path / "meta.json"
+    meta = dict(seed=0, prompt_set="self", self=dict(query_tokens=96, min_chars=12, oversample=1.5))
+    check_meta(path, meta)  # no file yet: fine
+    path.write_text(json.dumps(dict(seed=0, prompt_set="self")))  # written before "self" existed
+    check_meta(path, meta)
+    path.write_text(json.dumps(meta))
+    check_meta(path, meta)
+    changed = dict(meta, self=dict(query_tokens=64, min_chars=12, oversample=1.5))
+    with pytest.raises(SystemExit) as exc:
+        check_meta(path, changed)
+    msg = str(exc.value)
+    assert "\n" not in msg and "query_tokens" in msg and "other settings" in msg
