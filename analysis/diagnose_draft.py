@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import random
 import sys
 import time
 from pathlib import Path
@@ -45,10 +44,8 @@ ENTROPY_BINS = ((0, 0.2), (0.2, 0.5), (0.5, 1.5), (1.5, 3), (3, 5), (5, 99))
 
 def splits(path: Path, n: int = 48):
     """(validation, first n training) sequences of one directory, as train_draft.py splits it."""
-    examples, _ = T.load_examples([path], None)
-    random.Random(0).shuffle(examples)
-    n_val = min(48, max(8, len(examples) // 20))
-    return examples[:n_val], examples[n_val:n_val + n]
+    val, tr = T.split_examples(T.load_examples([path], None)[0], 0)
+    return val, tr[:n]
 
 
 def laws(draft, head, examples, pad_id, batch=8):

@@ -47,7 +47,6 @@ Results, timings and the exact commands used: ``docs/models.md``.
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import math
@@ -402,6 +401,15 @@ def load_examples(paths: list[Path], max_shards: int | None):
     return examples, len(shards)
 
 
+def split_examples(examples, seed: int):
+    """(validation, training) sequences of one data directory: shuffled with ``seed``, 5% (8 to
+    48 sequences) held back. The split depends on every shard present, so adding shards moves it."""
+    examples = list(examples)
+    random.Random(seed).shuffle(examples)
+    n_val = min(48, max(8, len(examples) // 20))
+    return examples[:n_val], examples[n_val:]
+
+
 def make_batch(examples, pad_id: int):
     """Right-padded ids [B, L]; for each generated position its (row, logit index), the target's
     hidden state, top-k masses and top-k ids (concatenated over the batch: [N, ...]).
@@ -590,26 +598,22 @@ def train(args, paths: list[Path]) -> None:
     for path in paths:
         examples, n = load_examples([path], args.max_shards)
         shards += n
-        rng = random.Random(args.seed)
-        rng.shuffle(examples)
-        n_val = min(48, max(8, len(examples) // 20))
-        val += examples[:n_val]
-        tr += examples[n_val:]
+        v, t = split_examples(examples, args.seed)
+        val += v
+        tr += t
     rng = random.Random(args.seed)
     positions = sum(e[2].shape[0] for e in tr)
     log(f"train: {shards} shards, {len(tr)} sequences ({positions} generated positions) for training, "
         f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
     torch.manual_seed(args.seed)
     if args.init_from:
-        from otm.models import draft_shares_embedding, load_draft
+        from otm.models import SHARED_LAYERS_KEY, draft_shares_embedding, load_draft
 
         draft = load_draft(args.init_from, target).train()  # fp32, like the target here
         if draft_shares_embedding(args.init_from):  # train on a frozen copy, not the target's tensor
             share_embedding(draft, target.get_input_embeddings().weight.detach().clone())
-            n_shared = int(getattr(draft.config, "otm_layers_from_target", 0) or 0)
-            for j in range(n_shared):  # frozen copies of the target's layers, likewise
-                draft.model.layers[j] = copy.deepcopy(target.model.layers[j])
-            freeze_shared_layers(draft, n_shared)
+            # its shared layers hold the target's own Parameters (the target is dropped below): frozen
+            freeze_shared_layers(draft, int(getattr(draft.config, SHARED_LAYERS_KEY, 0) or 0))
         log(f"train: continuing from the draft in {args.init_from}")
     elif args.arch == "shared":
         draft = build_shared_draft(target, args.layers, args.intermediate, args.share_layers).train()
@@ -711,7 +715,7 @@ def save(draft, out: Path, save_file) -> None:
     skip = {"lm_head.weight"} | ({"model.embed_tokens.weight"} if cfg.get(SHARED_EMBEDDING_KEY) == "target" else set())
     shared_prefixes = tuple(f"model.layers.{j}." for j in range(int(cfg.get(SHARED_LAYERS_KEY) or 0)))
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
-             if k not in skip and not (shared_prefixes and k.startswith(shared_prefixes))}
+             if k not in skip and not k.startswith(shared_prefixes)}
     save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
