@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "analysis"))
 
+from otm.feature_draft import FeatureDraft  # noqa: E402
 from otm.models import held_out_acceptance, load_draft, load_pair  # noqa: E402
 
 HELD_OUT_PROMPTS = [
@@ -123,6 +124,10 @@ def main(argv=None) -> None:
     print(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
           f"{n_draft / 1e6:.2f} M parameters" + (f" ({own / 1e6:.2f} M its own, {shared})" if own < n_draft else ""),
           flush=True)
+    if isinstance(draft, FeatureDraft):
+        print("draft reads the target's features (EAGLE-style; embedding and head are the target's, not counted "
+              "above): each position is scored with the target's features of its prefix, as at depth 1 of the decoder",
+              flush=True)
     start = time.time()
     per_prompt = held_out_acceptance(
         target, draft, tokenizer, HELD_OUT_PROMPTS[: args.prompts],

@@ -588,6 +588,8 @@ def evaluate(draft, head, examples, pad_id, batch_size):
 
 
 def train(args, paths: list[Path]) -> None:
+    if args.arch == "features":
+        return train_features(args, paths)
     from safetensors.torch import save_file
 
     target, tokenizer = load_target()
@@ -694,6 +696,193 @@ def train(args, paths: list[Path]) -> None:
     log(f"train: saved the best draft (val acceptance {best[0]:.4f}) to {args.out}")
 
 
+# ---------------------------------------------------------------------------------------------
+# --arch features: a draft that reads the target's features (EAGLE; otm/feature_draft.py)
+
+
+def prompt_features(shards: list[Path], target_bf16) -> dict[Path, list[torch.Tensor]]:
+    """Per shard: the target's features (fp16 ``[p - 1, H]``) at each prompt's positions
+    0 .. p-2 (the stored hidden states start at p - 1). Computed once with the bf16 target, the
+    way the shards' own features were, and cached next to the shards (``pfeat_XXXX.pt``)."""
+    out = {}
+    for shard in tqdm(shards, desc="prompt features", unit="shard"):
+        side = shard.with_name("pfeat_" + shard.name.split("_", 1)[1])
+        if side.exists():
+            out[shard] = torch.load(side)
+            continue
+        prompts = torch.load(shard)["prompt_ids"]
+        width = max(len(x) for x in prompts)
+        ids = torch.full((len(prompts), width), 2, dtype=torch.long)  # right padding: never seen by a real token
+        for i, x in enumerate(prompts):
+            ids[i, : len(x)] = x
+        with torch.no_grad():
+            hidden = target_bf16.model(input_ids=ids).last_hidden_state  # [B, width, H], after the final norm
+        feats = [hidden[i, : len(x) - 1].to(torch.float16).clone() for i, x in enumerate(prompts)]
+        torch.save(feats, side.with_suffix(".tmp"))
+        os.replace(side.with_suffix(".tmp"), side)
+        out[shard] = feats
+    return out
+
+
+def load_feature_examples(path: Path, target_bf16, max_shards: int | None):
+    """Like :func:`load_examples`, each sequence with the target's features at every position but
+    the last: ``(ids [S], p, hidden [t, H], top_p, top_i, feats [S - 1, H] fp16)``."""
+    shards = sorted(path.glob("shard_*.pt"))[:max_shards]  # the shards present now (a data run may add more)
+    if not shards:
+        raise SystemExit(f"no data shards in {path}: run --phase data first")
+    side = prompt_features(shards, target_bf16)
+    examples = []
+    for shard in shards:
+        d = torch.load(shard)
+        for prompt, new, valid, hidden, top_p, top_i, pf in zip(
+                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"], side[shard]):
+            t = int(valid.sum())
+            if t < 2:
+                continue
+            ids = torch.cat([prompt, new[:t]]).long()
+            feats = torch.cat([pf, hidden[:t]])  # features at positions 0 .. p-2+t = S-2
+            examples.append((ids, len(prompt), hidden[:t].clone(), top_p[:t].clone(), top_i[:t].long(), feats))
+    return examples, len(shards)
+
+
+def make_feature_batch(examples, pad_id: int):
+    """``make_batch`` plus the true features ``[B, S, H]`` (zeros where none: last position, pads)
+    and a mask of the positions that have one."""
+    ids, rows, cols, hidden, top_p, top_i = make_batch([e[:5] for e in examples], pad_id)
+    B, S = ids.shape
+    H = examples[0][5].shape[1]
+    feats = torch.zeros(B, S, H)
+    has = torch.zeros(B, S, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        n = e[5].shape[0]
+        feats[i, :n] = e[5].float()
+        has[i, :n] = True
+    return ids, rows, cols, hidden, top_p, top_i, feats, has
+
+
+def feature_draft_hidden(draft, ids, feats, noise: float, generator=None):
+    """Draft hidden states for right-padded ``ids`` with the true features shifted by one (the
+    input of element j is f_{j-1}); ``noise`` > 0 adds Gaussian noise of that many feature RMS
+    to the input features (EAGLE's augmentation: at depth >= 2 the draft reads its own guesses)."""
+    from otm.feature_draft import shifted_features
+
+    inp = shifted_features(feats)
+    if noise > 0:
+        scale = noise * feats.pow(2).mean().sqrt()
+        inp = inp + scale * torch.randn(inp.shape, generator=generator)
+    return draft(ids, inp).hidden
+
+
+def evaluate_features(draft, head, examples, pad_id, batch_size):
+    """Validation: exact full-vocabulary KL and acceptance at every generated position (true
+    features, as at depth 1), and the features' mean squared error."""
+    draft.eval()
+    accs, kls, n, se, m = 0.0, 0.0, 0, 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            ids, rows, cols, hidden, _, _, feats, has = make_feature_batch(examples[i:i + batch_size], pad_id)
+            h = feature_draft_hidden(draft, ids, feats, 0.0)
+            kl, acc = kl_and_acceptance(draft.logits(h[rows, cols]), hidden.float() @ head.T)
+            accs += acc.item() * len(rows)
+            kls += kl.item() * len(rows)
+            n += len(rows)
+            se += (h - feats)[has].pow(2).sum().item()
+            m += int(has.sum()) * h.shape[-1]
+    draft.train()
+    return kls / n, accs / n, se / m
+
+
+def train_features(args, paths: list[Path]) -> None:
+    from otm.feature_draft import build_feature_draft, load_feature_draft, save_feature_draft
+
+    target, tokenizer = load_target()
+    target_bf16 = load_target(torch.bfloat16)[0]
+    val, tr, shards = [], [], 0
+    for path in paths:
+        examples, n = load_feature_examples(path, target_bf16, args.max_shards)
+        shards += n
+        v, t = split_examples(examples, args.seed)
+        val += v
+        tr += t
+    del target_bf16
+    positions = sum(e[2].shape[0] for e in tr)
+    log(f"train: {shards} shards, {len(tr)} sequences ({positions} generated positions) for training, "
+        f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
+    # the draft trains on frozen copies of the target's embedding and head (the target is dropped)
+    emb = target.get_input_embeddings().weight.detach().clone().requires_grad_(False)
+    target.get_input_embeddings().weight = torch.nn.Parameter(emb, requires_grad=False)
+    target.lm_head.weight = target.get_input_embeddings().weight
+    if args.init_from:
+        draft = load_feature_draft(args.init_from, target).train()
+        log(f"train: continuing from the feature draft in {args.init_from}")
+    else:
+        draft = build_feature_draft(target, layers=args.feature_layers, intermediate=args.intermediate_features,
+                                    seed=args.seed).train()
+    head = emb
+    del target
+    n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    log(f"train: feature draft, {draft.config.num_hidden_layers} layer(s) x {draft.config.hidden_size} hidden, "
+        f"MLP {draft.config.intermediate_size}, {n_train / 1e6:.2f} M trained parameters (embedding and head: "
+        f"the target's, frozen, not saved); loss KL + {args.tv_weight} (1 - acceptance) on top-{args.top_k} cells "
+        f"+ {args.reg_weight} x feature smooth-L1; input noise {args.feature_noise} RMS")
+    pad_id = tokenizer.pad_token_id
+    kl0, acc0, mse0 = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
+    log(f"train: before training: val KL {kl0:.3f}, val acceptance {acc0:.4f}, feature MSE {mse0:.4f}")
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    deadline = time.time() + args.minutes * 60
+    step, best, epoch = 0, -1.0, 0
+    start = time.time()
+    bar = tqdm(total=args.steps, desc="train", unit="step")
+    while time.time() < deadline and step < args.steps:
+        rng.shuffle(tr)
+        for i in range(0, len(tr), args.batch_seqs):
+            if time.time() >= deadline or step >= args.steps:
+                break
+            progress = step / args.steps
+            if args.schedule_by_time:
+                progress = max(progress, (time.time() - start) / (args.minutes * 60))
+            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
+                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            ids, rows, cols, _, top_p, top_i, feats, has = make_feature_batch(tr[i:i + args.batch_seqs], pad_id)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+                h = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen)
+                logits = draft.logits(h[rows, cols])
+            kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
+            reg = torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has])
+            loss = kl + args.tv_weight * (1.0 - acc_g) + args.reg_weight * reg
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc_g.item():.3f}", reg=f"{reg.item():.3f}",
+                            lr=f"{lr:.1e}")
+            if step % args.eval_every == 0:
+                vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
+                log(f"train: step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
+                    f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
+                if vacc > best:
+                    best = vacc
+                    save_feature_draft(draft, args.out)
+        epoch += 1
+    bar.close()
+    if step < args.steps:
+        log(f"train: stopped by the --minutes limit at step {step} of {args.steps}")
+    vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
+    log(f"train: final step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
+        f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
+    if vacc > best:
+        best = vacc
+        save_feature_draft(draft, args.out)
+    log(f"train: saved the best feature draft (val acceptance {best:.4f}) to {args.out}")
+
+
 def trained_state(draft) -> dict:
     """A copy of the draft's state without its frozen tensors (the shared embedding/head: 113 MB
     in fp32, stored twice in ``state_dict`` because the head is tied to it)."""
@@ -757,9 +946,17 @@ def main(argv=None) -> None:
                     help="train: start from this draft directory instead of the PCA initialisation")
     ap.add_argument("--schedule-by-time", action="store_true",
                     help="train: the cosine lr schedule ends at --minutes if that comes before --steps")
-    ap.add_argument("--arch", choices=["small", "shared"], default="small",
+    ap.add_argument("--arch", choices=["small", "shared", "features"], default="small",
                     help="train: 'shared' = a few of the target's layers on the target's own embedding "
-                         "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2")
+                         "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2; "
+                         "'features' = a draft that reads the target's features (EAGLE, otm/feature_draft.py)")
+    ap.add_argument("--feature-layers", type=int, default=1, help="train, --arch features: decoder layers")
+    ap.add_argument("--intermediate-features", type=int, default=None,
+                    help="train, --arch features: MLP width (default: the target's)")
+    ap.add_argument("--reg-weight", type=float, default=1.0,
+                    help="train, --arch features: weight of the smooth-L1 loss on the guessed features")
+    ap.add_argument("--feature-noise", type=float, default=0.05,
+                    help="train, --arch features: Gaussian noise on the input features, in feature RMS")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3],
                     help="train, --arch shared: which target layers start the draft")
     ap.add_argument("--share-layers", type=int, default=0,

@@ -44,6 +44,10 @@ TARGET_CACHE_NAME = "smollm2-135m-instruct-fp32"
 DRAFT_DIR = Path(__file__).resolve().parent / "draft_model"
 """The committed draft model (``config.json`` + ``model.safetensors``)."""
 
+TOKEN_DRAFT_DIR = Path(__file__).resolve().parent / "draft_small"
+"""The committed token-only draft (a plain ``LlamaForCausalLM``), for tools that cannot feed a
+draft the target's features (transformers' assisted generation in ``otm bench-decode``)."""
+
 VOCAB_SIZE = 49152
 """Vocabulary size shared by the embedded target and draft."""
 
@@ -154,6 +158,19 @@ def default_draft_path() -> Path:
             "(or pass a draft model directory)"
         )
     return DRAFT_DIR
+
+
+def default_token_draft_path() -> Path:
+    """Directory of the committed token-only draft: ``otm/draft_small/`` if present, else the
+    default draft when it is itself a plain causal LM."""
+    from .feature_draft import is_feature_draft
+
+    if _is_complete_model_dir(TOKEN_DRAFT_DIR):
+        return TOKEN_DRAFT_DIR
+    path = default_draft_path()
+    if is_feature_draft(path):
+        raise OtmError(f"the token-only draft is missing from {TOKEN_DRAFT_DIR}: reinstall otm (or pass --peer-draft)")
+    return path
 
 
 def _model_dir(path, role: str) -> Path:
@@ -291,12 +308,19 @@ def load_draft(path, target_model):
     Parameters, likewise (see :data:`SHARED_LAYERS_KEY`). Raises
     :class:`~otm.laws.OtmError` (one line) if the model does not load, the vocabularies differ,
     the target's embedding does not have a shared draft's shape (vocab x hidden) or a tensor is
-    missing. :func:`load_pair` loads its draft with this function.
+    missing. A directory whose config has ``otm_feature_draft`` holds a draft that reads the
+    target's features (:class:`otm.feature_draft.FeatureDraft`), loaded by
+    :func:`otm.feature_draft.load_feature_draft` on the target's embedding and head.
+    :func:`load_pair` loads its draft with this function.
     """
     from transformers import AutoModelForCausalLM
 
+    from .feature_draft import is_feature_draft, load_feature_draft
+
     path = Path(path)
     embedding = target_model.get_input_embeddings().weight
+    if is_feature_draft(path):  # reads the target's features (EAGLE): otm.feature_draft
+        return load_feature_draft(path, target_model)
     if not draft_shares_embedding(path):
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype)
@@ -378,9 +402,15 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
 
     is recorded. Returns one float64 numpy array of ``a_i`` per prompt, in prompt order; the
     headline number is the mean over all positions.
+
+    A feature draft (:class:`otm.feature_draft.FeatureDraft`) is given the target's features of
+    the same prefix, as the decoder gives them at the first draft position of each step (its
+    depth-1 acceptance).
     """
     import numpy as np
     import torch
+
+    from .feature_draft import FeatureDraft, shifted_features, target_features
 
     if not prompts:
         raise OtmError("held_out_acceptance needs at least one prompt")
@@ -411,8 +441,14 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
                 ids = torch.cat([prompt, new[:t]])[None]  # [1, L]
                 positions = slice(len(prompt) - 1, len(prompt) - 1 + t)
                 with torch.no_grad():
-                    p_target = torch.softmax(target_model(input_ids=ids).logits[0, positions].float(), -1)
-                    p_draft = torch.softmax(draft_model(input_ids=ids).logits[0, positions].float(), -1)
+                    logits, feats = target_features(target_model, ids)
+                    p_target = torch.softmax(logits[0, positions].float(), -1)
+                    if isinstance(draft_model, FeatureDraft):
+                        hidden = draft_model(ids, shifted_features(feats)).hidden
+                        d_logits = draft_model.logits(hidden)
+                    else:
+                        d_logits = draft_model(input_ids=ids).logits
+                    p_draft = torch.softmax(d_logits[0, positions].float(), -1)
                 results.append(torch.minimum(p_target, p_draft).sum(-1).double().cpu().numpy())
     finally:
         tokenizer.padding_side = side

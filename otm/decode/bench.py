@@ -5,7 +5,10 @@ Contenders, all on the same models, prompts, sampling and token budget, in one r
 * ``autoregressive``: :func:`otm.decode.autoregressive_decode` (block efficiency 1 by definition);
 * ``hf assisted``: transformers' own assisted generation, ``target.generate(...,
   assistant_model=draft, do_sample=True)`` with transformers' default assistant settings; its
-  target calls are counted by a forward hook on the target;
+  target calls are counted by a forward hook on the target. transformers cannot run a draft that
+  reads the target's features (:class:`otm.feature_draft.FeatureDraft`); with one, this row runs
+  a plain causal-LM ``peer_draft`` instead (the CLI's default: the embedded token-only draft) and
+  says so in its name;
 * ``k = 1`` (ordinary speculative sampling) for each L;
 * k x L for each verifier (``kseq``, ``rrs`` on i.i.d. drafts; ``rrs_without_replacement`` on
   drafts without replacement).
@@ -133,12 +136,13 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
-def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed):
+def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft=None):
     """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None)."""
     from .decoder import autoregressive_decode, speculative_decode
 
     if c.kind == "hf_assisted":
-        return (*_hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed), None)
+        return (*_hf_assisted(target, hf_draft if hf_draft is not None else draft, ids, sampling, max_new_tokens, eos,
+                              seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     else:
@@ -168,15 +172,32 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
 
 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
-              hf=True, progress=True, out=print, command="") -> list[Row]:
-    """Run the table (see the module docstring) and print it with ``out``; returns the rows."""
+              hf=True, peer_draft=None, progress=True, out=print, command="") -> list[Row]:
+    """Run the table (see the module docstring) and print it with ``out``; returns the rows.
+
+    ``peer_draft``: the draft of the ``hf assisted`` row when it is not ``draft`` (needed when
+    ``draft`` reads the target's features, which transformers' assisted generation cannot feed).
+    """
     from tqdm import tqdm
+
+    from ..feature_draft import FeatureDraft
+    from ..laws import OtmError
 
     prompts = [encode_prompt(tokenizer, p) for p in PROMPTS[:n_prompts]]
     eos = tokenizer.eos_token_id
     rows = [Row(c) for c in contenders(ks, lengths, verifiers, hf=hf)]
+    hf_draft = draft if peer_draft is None else peer_draft
+    if hf and isinstance(hf_draft, FeatureDraft):
+        raise OtmError("transformers' assisted generation cannot run a draft that reads the target's features: "
+                       "give a plain causal-LM peer draft (--peer-draft) or leave the row out (--no-hf)")
+    if peer_draft is not None:
+        from dataclasses import replace
+
+        for row in rows:
+            if row.contender.kind == "hf_assisted":
+                row.contender = replace(row.contender, name="hf assisted (peer draft, defaults)")
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
-        _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed)
+        _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -184,7 +205,8 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             c = row.contender
             run_seed = seed * 1_000_003 + i * 1009 + j
             bar.set_postfix_str(c.name)
-            new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed)
+            new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed,
+                                                           hf_draft)
             row.new_tokens += new
             row.target_calls += calls
             row.draft_calls += draft_calls
@@ -203,6 +225,11 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     for line in conditions(target, draft, dtype=dtype, device=next(target.parameters()).device, seed=seed,
                            sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts), command=command):
         out(line)
+    if isinstance(draft, FeatureDraft):
+        out("draft: reads the target's features (EAGLE-style; embedding and head are the target's, not counted)")
+    if hf and peer_draft is not None:
+        out(f"hf assisted row: peer draft {type(peer_draft).__name__} "
+            f"{sum(p.numel() for p in peer_draft.parameters()):,} parameters (transformers cannot feed a feature draft)")
     if load_start is not None:
         out(f"load average (1, 5, 15 min) at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
             f"at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")

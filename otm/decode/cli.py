@@ -70,6 +70,9 @@ def register(sub) -> None:
     bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2 (default {DEFAULT_VERIFIERS})")
     bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts (default 8, at most 8)")
     bench.add_argument("--no-hf", action="store_true", help="leave out transformers' assisted generation")
+    bench.add_argument("--peer-draft", default=None,
+                       help="plain causal-LM draft for the hf assisted row when --draft reads the target's features "
+                            "(default then: the embedded token-only draft)")
     _common(bench)
     bench.set_defaults(func=cmd_bench)
 
@@ -168,10 +171,19 @@ def cmd_bench(args) -> int:
         f"--temperature {args.temperature:g} --top-k {args.top_k} --top-p {args.top_p:g} --seed {args.seed} "
         f"--dtype {args.dtype} --device {args.device}" + (f" --threads {args.threads}" if args.threads else "")
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
-        + (" --no-hf" if args.no_hf else "")
+        + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
     )
     target, draft, tokenizer = _load(args)
+    from ..feature_draft import FeatureDraft
+    from ..models import default_token_draft_path, load_draft
+
+    peer = None
+    if not args.no_hf and (args.peer_draft or isinstance(draft, FeatureDraft)):
+        from ..models import _model_dir
+
+        path = _model_dir(args.peer_draft, "peer draft") if args.peer_draft else default_token_draft_path()
+        peer = load_draft(path, target)
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
-              progress=not args.no_progress, command=command)
+              peer_draft=peer, progress=not args.no_progress, command=command)
     return 0

@@ -221,6 +221,38 @@ class _Runner:
             self.cache.crop(-drop)
 
 
+class _FeatureRunner(_Runner):
+    """A feature draft (:class:`otm.feature_draft.FeatureDraft`) with its KV cache.
+
+    Each element it reads is a token with the target's feature at the position before it (or,
+    inside a drafted chain, the draft's own guess of that feature); it returns hidden states,
+    turned into logits by the target's head (:meth:`logits`).
+    """
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[b, q, H]`` of ``ids [b, q]`` with ``features [b, q, H]``; the cache grows by q."""
+        out = self.model(ids, features, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        self.calls += 1
+        return out.hidden
+
+    def feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        """Feed a chain (batch 1) with its features ``[n, H]``; hidden state of the last one ``[1, H]``."""
+        past = self.length()
+        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)  # [1, n]
+        positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
+        return self.forward(ids, positions, features[None].to(self.dtype))[:, -1]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)
+
+
+def _is_feature_draft(model) -> bool:
+    from ..feature_draft import FeatureDraft
+
+    return isinstance(model, FeatureDraft)
+
+
 def _check_models(target, draft) -> None:
     vt, vd = _vocab_size(target), _vocab_size(draft)
     if vt is not None and vd is not None and vt != vd:
@@ -230,6 +262,11 @@ def _check_models(target, draft) -> None:
         )
     if _device_and_dtype(target)[0] != _device_and_dtype(draft)[0]:
         raise OtmError("target and draft are on different devices: put both models on one device")
+    if _is_feature_draft(draft):
+        head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+        if head is None or tuple(head.weight.shape) != tuple(draft.head.shape):
+            raise OtmError("this feature draft reads another target's features (its head has another shape): "
+                           "load it next to its target with otm.models.load_draft")
 
 
 def _prompt_ids(input_ids, vocab: int | None) -> list[int]:
@@ -297,7 +334,13 @@ class _Decoder:
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
                  generator, law_dtype, validate, method, target_rollback="gather"):
         self.target = _Runner(target, "target")
-        self.draft = _Runner(draft, "draft") if draft is not None else None
+        # a feature draft (EAGLE) reads the target's features: the head inputs of each target pass
+        self.features = draft is not None and _is_feature_draft(draft)
+        runner = _FeatureRunner if self.features else _Runner
+        self.draft = runner(draft, "draft") if draft is not None else None
+        self.pending_feats = None  # feature draft: [n, H] features before each pending draft token; None before the first pass
+        self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass
+        self.tree_features = self.prompt_features = None
         self.k, self.L, self.scheme = k, length, scheme
         self.root_verifier, self.deep_verifier = verifier
         self.sampling, self.law_dtype, self.validate = sampling, law_dtype, validate
@@ -331,7 +374,11 @@ class _Decoder:
         (``without_replacement``).
         """
         d = self.draft
-        q_root = self.laws(d.feed(self.pending_draft), "draft")  # [1, V]
+        if self.features:
+            h_root = d.feed(self.pending_draft, self.pending_feats)  # [1, H]: the draft's guess of the root's feature
+            q_root = self.laws(d.logits(h_root), "draft")  # [1, V]
+        else:
+            q_root = self.laws(d.feed(self.pending_draft), "draft")  # [1, V]
         self.pending_draft = []
         context = d.length()
         if self.scheme == "iid":
@@ -346,12 +393,18 @@ class _Decoder:
         prefixes = [(t,) for t in first[0].tolist()]
         if L > 1:
             d.cache.batch_repeat_interleave(k)
+            if self.features:  # a drafted token's element reads the draft's guess of the feature before it
+                guess = h_root.expand(k, -1)  # [k', H]
         for t in range(1, L):
             positions = torch.full((k, 1), context + t - 1, dtype=torch.int64, device=d.device)  # [k', 1]
-            laws = self.laws(d.forward(rows[:, t - 1 : t], positions)[:, -1], "draft")  # [k', V]
             seen: dict[tuple, int] = {}
             representative = [seen.setdefault(p, j) for j, p in enumerate(prefixes)]  # first row of each prefix
-            laws = laws[representative]  # [k', V]: one law per distinct prefix
+            if self.features:
+                guess = d.forward(rows[:, t - 1 : t], positions, guess[:, None])[:, -1][representative]  # [k', H]
+                laws = self.laws(d.logits(guess), "draft")  # [k', V]: one law per distinct prefix
+            else:
+                laws = self.laws(d.forward(rows[:, t - 1 : t], positions)[:, -1], "draft")  # [k', V]
+                laws = laws[representative]  # [k', V]: one law per distinct prefix
             rows[:, t] = ot.sample_iid(laws, 1, generator=self.gen, validate=self.validate)[:, 0]
             row_laws.append(laws)
             prefixes = [p + (x,) for p, x in zip(prefixes, rows[:, t].tolist())]
@@ -363,7 +416,17 @@ class _Decoder:
         t = self.target
         past = t.length()
         ids, positions, mask = tree_inputs(tree, self.pending_target, past, dtype=t.dtype, device=t.device)
-        logits = t.forward(ids, positions, mask, keep=tree.size)[0, -tree.size :]  # [N, V]: the root and the nodes
+        # a feature draft's first pass needs the features of every prompt position, later ones the nodes'
+        keep = ids.shape[1] if self.features and self.pending_feats is None else tree.size
+        self.captured.clear()
+        logits = t.forward(ids, positions, mask, keep=keep)[0, -tree.size :]  # [N, V]: the root and the nodes
+        if self.features:
+            if not self.captured:
+                raise OtmError("the target's head was not called in its forward: a feature draft needs a causal LM "
+                               "whose output embedding module turns features into logits")
+            feats = self.captured[-1][0].to(torch.promote_types(self.captured[-1].dtype, torch.float32))  # [q', H]
+            self.tree_features = feats[-tree.size :]  # [N, H] by node
+            self.prompt_features = feats[: -tree.size]  # the pending tokens before the root (first pass: the prompt)
         return self.laws(logits, "target")
 
     # 4. walk ---------------------------------------------------------------------------------
@@ -394,6 +457,8 @@ class _Decoder:
     # one step ----------------------------------------------------------------------------------
     def step(self, remaining: int) -> list[int]:
         L = min(self.L, remaining - 1) if self.draft is not None else 0
+        if self.features and self.pending_feats is None:
+            L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
         root = self.pending_target[-1]
         t0 = time.perf_counter()
         if L >= 1:
@@ -419,7 +484,21 @@ class _Decoder:
             self.pending_target = list(emitted)
         accepted = len(path)  # tokens of the accepted path
         end = path[-1] if path else 0
-        if L >= 1:
+        if self.features:
+            # emitted token i was drawn from the law at node [root] + path: the target's feature there goes with it
+            emitted_feats = self.tree_features[[0] + path]  # [len(emitted), H]
+            if self.pending_feats is None:  # first pass: the prompt's tokens get zeros, f_0 .. f_{n-2}
+                self.pending_feats = torch.cat([self.tree_features.new_zeros((1, emitted_feats.shape[1])),
+                                                self.prompt_features])
+            if L >= 1:  # the drafted elements read guessed features: drop them, feed the accepted tokens again
+                if L > 1:
+                    self.draft.cache.batch_select_indices(torch.tensor([0], device=self.draft.device))
+                self.draft.truncate(context)
+                self.pending_draft, self.pending_feats = list(emitted), emitted_feats
+            else:
+                self.pending_draft.extend(emitted)
+                self.pending_feats = torch.cat([self.pending_feats, emitted_feats])
+        elif L >= 1:
             if L > 1:  # keep one row that carries the accepted path (any row through its end node)
                 row = tree.rows_through[end][0] if end else 0
                 self.draft.cache.batch_select_indices(torch.tensor([row], device=self.draft.device))
@@ -438,7 +517,11 @@ class _Decoder:
         out: list[int] = []
         start = time.perf_counter()
         stopped = "max_new_tokens"
-        with torch.inference_mode():
+        hook = None
+        if self.features:  # the target's features are its head's inputs
+            head = self.target.model.get_output_embeddings()
+            hook = head.register_forward_hook(lambda _m, inputs, _o: self.captured.append(inputs[0]))
+        with torch.inference_mode(), _removing(hook):
             while len(out) < self.max_new:
                 new = self.step(self.max_new - len(out))[: self.max_new - len(out)]
                 hit = next((i for i, t in enumerate(new) if t in self.eos), None)
@@ -457,6 +540,21 @@ class _Decoder:
         s.draft_calls = self.draft.calls if self.draft is not None else 0
         s.stopped = stopped
         return Generation(out, s)
+
+
+class _removing:
+    """Context manager removing a hook handle (or nothing) on exit."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __enter__(self):
+        return self.handle
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            self.handle.remove()
+        return False
 
 
 def _generator(generator, seed, device) -> torch.Generator:

@@ -78,6 +78,7 @@ def decoder_law(
     scheme: str = "iid",
     deep_rule: Callable | None = None,
     eos: int | None = None,
+    feature_draft: bool = False,
 ) -> dict[tuple, float]:
     """Exact law of the decoder's first T tokens.
 
@@ -90,6 +91,12 @@ def decoder_law(
     deep_rule : rule below the root (default: ``rule`` for iid, ``speculative.law`` for
         without_replacement, as :func:`otm.decode.decoder.resolve_verifiers`).
     eos : a token that ends the sequence.
+    feature_draft : the decoder with a draft that reads the target's features
+        (:class:`otm.feature_draft.FeatureDraft`): its first step drafts nothing (the prompt's
+        features come from that step's target pass), and ``draft`` is called as
+        ``draft(prefix, depth)``: within a step the draft reads its own guesses of the features
+        of the tokens it drafted, so its law at a node depends on how many of the prefix's last
+        tokens were drafted in this step (``depth``), not on the prefix alone.
     """
     from ..verifiers import speculative
 
@@ -105,7 +112,8 @@ def decoder_law(
     def from_step(prefix: tuple):
         if len(prefix) == T or (prefix and prefix[-1] == eos):
             return {(): 1.0}
-        return at_node(prefix, 0, k, min(length, T - len(prefix) - 1))
+        first = feature_draft and not prefix  # a feature draft waits for the prompt's features
+        return at_node(prefix, 0, k, 0 if first else min(length, T - len(prefix) - 1))
 
     def after(prefix: tuple, y: int, depth: int, m: int, L: int):
         if y == eos or m == 0:
@@ -120,7 +128,7 @@ def decoder_law(
             for y in np.flatnonzero(p > 0):
                 add(out, int(y), from_step(prefix + (int(y),)), float(p[y]))
             return dict(out)
-        q = np.asarray(draft(prefix), dtype=np.float64)
+        q = np.asarray(draft(prefix, depth) if feature_draft else draft(prefix), dtype=np.float64)
         root_wo = wo and depth == 0
         n = min(m, int((q > 0).sum())) if root_wo else m
         law_of = rule if depth == 0 else deep_rule
