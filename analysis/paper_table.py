@@ -158,6 +158,8 @@ def laws_for_prompt(target_model, draft_model, tokenizer, prompt: str, *, positi
     """
     import torch
 
+    from otm.feature_draft import draft_logits
+
     ids = torch.tensor([_prompt_ids(tokenizer, prompt)])
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -167,7 +169,7 @@ def laws_for_prompt(target_model, draft_model, tokenizer, prompt: str, *, positi
             ids = torch.cat([ids, nxt[None]], dim=1)
         start = ids.shape[1] - positions  # laws predicting continuation tokens 1..positions
         lt = target_model(ids).logits[0, start:].double() / temperature
-        ld = draft_model(ids).logits[0, start:].double() / temperature
+        ld = draft_logits(draft_model, target_model, ids)[0, start:].double() / temperature
     return torch.softmax(lt, -1).numpy(), torch.softmax(ld, -1).numpy()
 
 

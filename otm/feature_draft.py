@@ -112,6 +112,16 @@ def target_features(target, input_ids: torch.Tensor):
     return logits, seen[-1]
 
 
+def draft_logits(draft, target, input_ids: torch.Tensor) -> torch.Tensor:
+    """Draft logits ``[b, S, V]`` at every position of ``input_ids`` for any draft: a plain causal
+    LM reads the tokens; a :class:`FeatureDraft` also reads ``target``'s features of the same
+    prefix (as at depth 1 of the decoder)."""
+    if isinstance(draft, FeatureDraft):
+        _, feats = target_features(target, input_ids)
+        return draft.logits(draft(input_ids, shifted_features(feats)).hidden)
+    return draft(input_ids=input_ids).logits
+
+
 def draft_config(target_config, layers: int = 1, intermediate: int | None = None):
     """``LlamaConfig`` of a feature draft for ``target_config`` (a Llama-like config)."""
     from transformers import LlamaConfig

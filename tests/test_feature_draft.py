@@ -275,3 +275,19 @@ def test_cli_decode_and_bench_with_a_feature_draft(tmp_path, capsys):
     assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1", *common]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "otm: error:" in line]
     assert len(err) == 1 and "vocabulary" in err[0]
+
+
+def test_draft_logits_for_either_kind_of_draft():
+    """``draft_logits`` gives a feature draft the target's features (its law at every position
+    equals the cache-free reference) and a plain draft its own forward."""
+    from otm.feature_draft import draft_logits
+
+    target, draft = tiny_pair(15)
+    ids = [1, 2, 3, 4, 5]
+    with torch.inference_mode():
+        got = torch.softmax(draft_logits(draft, target, torch.tensor([ids]))[0].double(), -1)
+        for j in range(1, len(ids) + 1):
+            ref = reference_law(target, draft, ids[:j], [], Sampling())
+            assert np.abs(got[j - 1].numpy() - ref).max() < 1e-5
+        plain = tiny_target(16)
+        torch.testing.assert_close(draft_logits(plain, target, torch.tensor([ids])), plain(torch.tensor([ids])).logits)
