@@ -596,7 +596,10 @@ def speculative_decode(
     target, draft : causal LMs with the transformers interface (``model(input_ids=,
         position_ids=, attention_mask=4D, past_key_values=, use_cache=True)`` returning ``.logits``
         and a ``Cache`` with ``crop``, ``batch_repeat_interleave``, ``batch_select_indices``),
-        sharing one vocabulary, on one device.
+        sharing one vocabulary, on one device. The draft may instead be a
+        :class:`otm.feature_draft.FeatureDraft` built for this target: it then reads the
+        target's features (its head's inputs in each target pass), and the first step drafts
+        nothing (the prompt's features come from that step's target pass).
     input_ids : list of int, or tensor ``[n]`` / ``[1, n]`` (batch size 1).
     k : drafts per position (rows of the tree), >= 1.
     length : draft depth L, >= 1.
