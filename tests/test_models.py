@@ -56,22 +56,41 @@ def test_cache_dir_falls_back_to_xdg_then_home(monkeypatch, tmp_path):
 
 
 def test_draft_dir_is_committed_and_small():
+    from otm.models import TOKEN_DRAFT_DIR, default_token_draft_path
+
     path = default_draft_path()
     assert path == DRAFT_DIR
-    files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
-    assert "config.json" in files and "model.safetensors" in files, files
-    total = sum(files.values())
-    assert total <= MAX_DRAFT_BYTES, f"draft is {total / 2**20:.1f} MiB, limit 20 MiB"
-    config = json.loads((path / "config.json").read_text())
-    assert config["vocab_size"] == VOCAB_SIZE == 49152
+    for committed in {path, default_token_draft_path()} | ({TOKEN_DRAFT_DIR} if TOKEN_DRAFT_DIR.exists() else set()):
+        files = {p.name: p.stat().st_size for p in committed.iterdir() if p.is_file()}
+        assert "config.json" in files and "model.safetensors" in files, files
+        total = sum(files.values())
+        assert total <= MAX_DRAFT_BYTES, f"{committed.name} is {total / 2**20:.1f} MiB, limit 20 MiB"
+        config = json.loads((committed / "config.json").read_text())
+        assert config["vocab_size"] == VOCAB_SIZE == 49152
+
+
+def test_committed_feature_draft_holds_only_its_own_tensors():
+    """If the default draft reads the target's features, its file holds fc.* and the layers only
+    (the 49152 x 576 embedding and head are the target's), at the target's width."""
+    from safetensors.torch import load_file
+
+    from otm.feature_draft import is_feature_draft
+
+    if not is_feature_draft(DRAFT_DIR):
+        pytest.skip("the default draft is a token-only draft")
+    state = load_file(str(DRAFT_DIR / "model.safetensors"))
+    assert all(k.startswith(("fc.", "model.")) for k in state) and "model.embed_tokens.weight" not in state
+    assert state["fc.weight"].shape == (576, 1152) and state["fc.weight"].dtype == torch.float16
+    assert all(torch.isfinite(v.float()).all() for v in state.values())
 
 
 def test_draft_gives_a_finite_normalised_next_token_law():
-    from otm.models import draft_shares_embedding
+    from otm.models import default_token_draft_path, draft_shares_embedding
 
-    # the committed draft is self-contained (drafts sharing the target's embedding: tests below)
-    assert not draft_shares_embedding(DRAFT_DIR)
-    draft = transformers.AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32).eval()
+    # the committed token-only draft is self-contained (drafts sharing the target's embedding: tests below)
+    path = default_token_draft_path()
+    assert not draft_shares_embedding(path)
+    draft = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert draft.config.vocab_size == VOCAB_SIZE
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, VOCAB_SIZE, (2, 7), generator=gen)
@@ -170,7 +189,7 @@ def test_draft_package_data_is_declared():
     root = Path(__file__).resolve().parents[1]
     text = (root / "pyproject.toml").read_text()
     assert "[tool.setuptools.package-data]" in text
-    assert "draft_model/*" in text
+    assert "draft_model/*" in text and "draft_small/*" in text
 
 
 # --- load_pair refusals ------------------------------------------------------------------------
