@@ -9,10 +9,12 @@ time:
   copy (about 540 MB) plus the tokenizer under :func:`cache_dir`. Later calls return the cached
   path at once. The conversion writes into a temporary sibling directory and renames it into
   place, so an interrupted run never leaves a half-written model behind.
-- The draft is a 6-layer, 128-wide Llama distilled from that target
-  (``analysis/train_draft.py``) and committed inside the package at ``otm/draft_model/``
-  (config + fp16 safetensors, no tokenizer: it shares the target's vocabulary of 49152 tokens,
-  and :func:`load_pair` gives back the target's tokenizer).
+- The default draft (``otm/draft_model/``) reads the target's own features (EAGLE-style,
+  :mod:`otm.feature_draft`): one trained 576-wide Llama layer on the target's embedding and head
+  (8.4 MB, fp16). The token-only draft, a 6-layer 128-wide Llama distilled from the same target,
+  is committed at ``otm/draft_small/`` (15 MB; the peer draft of transformers' assisted
+  generation in ``otm bench-decode``). Both come from ``analysis/train_draft.py`` and use the
+  target's vocabulary of 49152 tokens; :func:`load_pair` gives back the target's tokenizer.
 
 :func:`load_pair` loads any pair of Hugging Face causal LMs (``None`` picks the embedded default
 for either side) and refuses, with a one-line :class:`~otm.laws.OtmError`, a path that is not a
@@ -42,7 +44,7 @@ TARGET_CACHE_NAME = "smollm2-135m-instruct-fp32"
 """Directory, under :func:`cache_dir`, of the converted fp32 Hugging Face target."""
 
 DRAFT_DIR = Path(__file__).resolve().parent / "draft_model"
-"""The committed draft model (``config.json`` + ``model.safetensors``)."""
+"""The committed default draft (a feature draft: ``config.json`` + ``model.safetensors``)."""
 
 TOKEN_DRAFT_DIR = Path(__file__).resolve().parent / "draft_small"
 """The committed token-only draft (a plain ``LlamaForCausalLM``), for tools that cannot feed a
