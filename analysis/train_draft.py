@@ -1,4 +1,4 @@
-"""Distil the embedded draft (``otm/draft_model/``) from the embedded SmolLM2-135M target.
+"""Distil the embedded drafts (``otm/draft_model/``, ``otm/draft_small/``) from the embedded SmolLM2-135M target.
 
 Two phases, both seeded; run them together (default) or apart:
 
@@ -40,6 +40,13 @@ the ones below).
     python analysis/train_draft.py --phase data --workers 2 --worker 0 &   # data in two processes
     python analysis/train_draft.py --phase data --workers 2 --worker 1
     python analysis/train_draft.py --phase train --threads 2
+
+``--arch features`` (sixth round, the committed default ``otm/draft_model/``) trains a draft that
+reads the target's features instead (EAGLE-style, ``otm/feature_draft.py``): one Llama layer on
+the target's embedding and head, fed (token, the target's feature at the previous position);
+the shards' stored hidden states are those features, the prompt positions' are computed once and
+cached (``pfeat_XXXX.pt``); loss = the same KL + w (1 - acceptance) + a smooth-L1 term on the
+guessed features. The token-only drafts go to ``otm/draft_small/``.
 
 Results, timings and the exact commands used: ``docs/models.md``.
 """
@@ -648,13 +655,7 @@ def train(args, paths: list[Path]) -> None:
         for i in range(0, len(tr), args.batch_seqs):
             if time.time() >= deadline or step >= args.steps:
                 break
-            progress = step / est_steps
-            if args.schedule_by_time:  # the cosine follows whichever limit comes first
-                progress = max(progress, (time.time() - start) / (args.minutes * 60))
-            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
-                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-            for g in opt.param_groups:
-                g["lr"] = lr
+            lr = set_lr(opt, args, step, start)
             ids, rows, cols, hidden, top_p, top_i = make_batch(tr[i:i + args.batch_seqs], pad_id)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
                 logits = draft_logits(draft, ids, rows, cols)
@@ -666,10 +667,7 @@ def train(args, paths: list[Path]) -> None:
                 kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
             acc = acc_g.detach()
             loss = kl if args.tv_weight == 0 else kl + args.tv_weight * (1.0 - acc_g)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            opt.step()
+            optimizer_step(opt, loss, trainable)
             step += 1
             bar.update(1)
             bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc.item():.3f}", lr=f"{lr:.1e}")
@@ -841,13 +839,7 @@ def train_features(args, paths: list[Path]) -> None:
         for i in range(0, len(tr), args.batch_seqs):
             if time.time() >= deadline or step >= args.steps:
                 break
-            progress = step / args.steps
-            if args.schedule_by_time:
-                progress = max(progress, (time.time() - start) / (args.minutes * 60))
-            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
-                0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-            for g in opt.param_groups:
-                g["lr"] = lr
+            lr = set_lr(opt, args, step, start)
             ids, rows, cols, _, top_p, top_i, feats, has = make_feature_batch(tr[i:i + args.batch_seqs], pad_id)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
                 h = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen)
@@ -855,10 +847,7 @@ def train_features(args, paths: list[Path]) -> None:
             kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
             reg = torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has])
             loss = kl + args.tv_weight * (1.0 - acc_g) + args.reg_weight * reg
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            opt.step()
+            optimizer_step(opt, loss, trainable)
             step += 1
             bar.update(1)
             bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc_g.item():.3f}", reg=f"{reg.item():.3f}",
@@ -881,6 +870,27 @@ def train_features(args, paths: list[Path]) -> None:
         best = vacc
         save_feature_draft(draft, args.out)
     log(f"train: saved the best feature draft (val acceptance {best:.4f}) to {args.out}")
+
+
+def set_lr(opt, args, step: int, start: float) -> float:
+    """Linear warm-up, then cosine from ``args.lr`` to a tenth of it over ``args.steps`` (or over
+    ``args.minutes`` with ``--schedule-by-time``, whichever comes first); sets and returns it."""
+    progress = step / args.steps
+    if args.schedule_by_time:  # the cosine follows whichever limit comes first
+        progress = max(progress, (time.time() - start) / (args.minutes * 60))
+    lr = args.lr * min(1.0, (step + 1) / args.warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    for g in opt.param_groups:
+        g["lr"] = lr
+    return lr
+
+
+def optimizer_step(opt, loss, trainable) -> None:
+    """One AdamW step with gradients clipped at norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
 
 
 def trained_state(draft) -> dict:
@@ -969,8 +979,12 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 per process is much faster on a shared 2-core machine")
-    ap.add_argument("--out", type=Path, default=ROOT / "otm" / "draft_model")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the trained draft goes (default: otm/draft_model for --arch features, the "
+                         "committed default; otm/draft_small for the token-only drafts)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / "otm" / ("draft_model" if args.arch == "features" else "draft_small")
     torch.set_num_threads(args.threads)
     conditions(args)
     paths = args.data_dir or [data_dir(args)]

@@ -28,17 +28,9 @@ from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
 from otm.verifiers import kseq, rrs, rrs_without_replacement, speculative
 
-from test_decode import naive_law, naive_torch
+from test_decode import naive_law, naive_torch, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 ALPHA = 1e-3
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def tiny_target(seed: int, V: int = 6, scale: float = 0.5) -> LlamaForCausalLM:
