@@ -386,9 +386,12 @@ def generate_data(args) -> Path:
 # Phase 2: distillation
 
 
-def load_examples(paths: list[Path], max_shards: int | None):
+def load_examples(paths: list[Path], max_shards: int | None, extra=None):
     """Per sequence: (ids [L] long, first generated position p, hidden [T, 576] fp16,
-    top-k masses [T, K] and their token ids [T, K]), from the shards of every directory."""
+    top-k masses [T, K] and their token ids [T, K]), from the shards of every directory.
+
+    ``extra(shard_path, shard)``, if given, returns one more item per sequence of the shard
+    (in its order), appended to each tuple."""
     shards = []
     for path in paths:
         found = sorted(path.glob("shard_*.pt"))[:max_shards]
@@ -396,15 +399,16 @@ def load_examples(paths: list[Path], max_shards: int | None):
             raise SystemExit(f"no data shards in {path}: run --phase data first")
         shards += found
     examples = []
-    for shard in shards:
+    for shard in tqdm(shards, desc="load shards", unit="shard"):
         d = torch.load(shard)
-        for prompt, new, valid, hidden, top_p, top_i in zip(
-                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"]):
+        more = extra(shard, d) if extra is not None else [None] * len(d["prompt_ids"])
+        for prompt, new, valid, hidden, top_p, top_i, x in zip(
+                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"], more):
             t = int(valid.sum())
             if t < 2:
                 continue
             examples.append((torch.cat([prompt, new[:t]]).long(), len(prompt), hidden[:t].clone(),
-                             top_p[:t].clone(), top_i[:t].long()))
+                             top_p[:t].clone(), top_i[:t].long()) + ((x,) if extra is not None else ()))
     return examples, len(shards)
 
 
@@ -643,47 +647,39 @@ def train(args, paths: list[Path]) -> None:
 
     trainable = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
-    # batches by token budget: sort-free, shuffled each epoch
-    deadline = time.time() + args.minutes * 60
-    est_steps = args.steps
+    state = {"epoch": 0}
     step, best = 0, (-1.0, None)
     start = time.time()
-    bar = tqdm(total=est_steps, desc="train", unit="step")
-    epoch = 0
-    while time.time() < deadline and step < args.steps:
-        rng.shuffle(tr)
-        for i in range(0, len(tr), args.batch_seqs):
-            if time.time() >= deadline or step >= args.steps:
-                break
-            lr = set_lr(opt, args, step, start)
-            ids, rows, cols, hidden, top_p, top_i = make_batch(tr[i:i + args.batch_seqs], pad_id)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-                logits = draft_logits(draft, ids, rows, cols)
-            if args.loss == "full":
-                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-                    target_logits = hidden.float() @ head.T
-                kl, acc_g = kl_and_acceptance(logits, target_logits)
-            else:
-                kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
-            acc = acc_g.detach()
-            loss = kl if args.tv_weight == 0 else kl + args.tv_weight * (1.0 - acc_g)
-            optimizer_step(opt, loss, trainable)
-            step += 1
-            bar.update(1)
-            bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc.item():.3f}", lr=f"{lr:.1e}")
-            if step % args.eval_every == 0:
-                vkl, vacc = evaluate(draft, head, val, pad_id, args.batch_seqs)
-                log(f"train: step {step} epoch {epoch} {time.time() - start:.0f} s: "
-                    f"val KL {vkl:.3f}, val acceptance {vacc:.4f}")
-                if vacc > best[0]:
-                    best = (vacc, trained_state(draft))
-                    save(draft, args.out, save_file)
-        epoch += 1
+    bar = tqdm(total=args.steps, desc="train", unit="step")
+    for batch in time_boxed_batches(tr, args, rng, state):
+        lr = set_lr(opt, args, step, start)
+        ids, rows, cols, hidden, top_p, top_i = make_batch(batch, pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            logits = draft_logits(draft, ids, rows, cols)
+        if args.loss == "full":
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+                target_logits = hidden.float() @ head.T
+            kl, acc_g = kl_and_acceptance(logits, target_logits)
+        else:
+            kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
+        acc = acc_g.detach()
+        loss = kl if args.tv_weight == 0 else kl + args.tv_weight * (1.0 - acc_g)
+        optimizer_step(opt, loss, trainable)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(epoch=state['epoch'], kl=f"{kl.item():.3f}", acc=f"{acc.item():.3f}", lr=f"{lr:.1e}")
+        if step % args.eval_every == 0:
+            vkl, vacc = evaluate(draft, head, val, pad_id, args.batch_seqs)
+            log(f"train: step {step} epoch {state['epoch']} {time.time() - start:.0f} s: "
+                f"val KL {vkl:.3f}, val acceptance {vacc:.4f}")
+            if vacc > best[0]:
+                best = (vacc, trained_state(draft))
+                save(draft, args.out, save_file)
     bar.close()
     if step < args.steps:
         log(f"train: stopped by the --minutes limit at step {step} of {args.steps}")
     vkl, vacc = evaluate(draft, head, val, pad_id, args.batch_seqs)
-    log(f"train: final step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
+    log(f"train: final step {step} epoch {state['epoch']} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
         f"val acceptance {vacc:.4f}")
     if vacc > best[0]:
         best = (vacc, None)
@@ -698,62 +694,41 @@ def train(args, paths: list[Path]) -> None:
 # --arch features: a draft that reads the target's features (EAGLE; otm/feature_draft.py)
 
 
-def prompt_features(shards: list[Path], target_bf16) -> dict[Path, list[torch.Tensor]]:
-    """Per shard: the target's features (fp16 ``[p - 1, H]``) at each prompt's positions
-    0 .. p-2 (the stored hidden states start at p - 1). Computed once with the bf16 target, the
-    way the shards' own features were, and cached next to the shards (``pfeat_XXXX.pt``)."""
-    out = {}
-    for shard in tqdm(shards, desc="prompt features", unit="shard"):
-        side = shard.with_name("pfeat_" + shard.name.split("_", 1)[1])
-        if side.exists():
-            out[shard] = torch.load(side)
-            continue
-        prompts = torch.load(shard)["prompt_ids"]
-        width = max(len(x) for x in prompts)
-        ids = torch.full((len(prompts), width), 2, dtype=torch.long)  # right padding: never seen by a real token
-        for i, x in enumerate(prompts):
-            ids[i, : len(x)] = x
-        with torch.no_grad():
-            hidden = target_bf16.model(input_ids=ids).last_hidden_state  # [B, width, H], after the final norm
-        feats = [hidden[i, : len(x) - 1].to(torch.float16).clone() for i, x in enumerate(prompts)]
-        torch.save(feats, side.with_suffix(".tmp"))
-        os.replace(side.with_suffix(".tmp"), side)
-        out[shard] = feats
-    return out
+def prompt_features(shard: Path, prompts: list[torch.Tensor], target_bf16) -> list[torch.Tensor]:
+    """The target's features (fp16 ``[p - 1, H]``) at each prompt's positions 0 .. p-2 of one
+    shard (its stored hidden states start at p - 1). Computed once with the bf16 target, the way
+    the shards' own features were, and cached next to the shard (``pfeat_XXXX.pt``)."""
+    side = shard.with_name("pfeat_" + shard.name.split("_", 1)[1])
+    if side.exists():
+        return torch.load(side)
+    width = max(len(x) for x in prompts)
+    ids = torch.full((len(prompts), width), 2, dtype=torch.long)  # right padding: never seen by a real token
+    for i, x in enumerate(prompts):
+        ids[i, : len(x)] = x
+    with torch.no_grad():
+        hidden = target_bf16.model(input_ids=ids).last_hidden_state  # [B, width, H], after the final norm
+    feats = [hidden[i, : len(x) - 1].to(torch.float16).clone() for i, x in enumerate(prompts)]
+    torch.save(feats, side.with_suffix(".tmp"))
+    os.replace(side.with_suffix(".tmp"), side)
+    return feats
 
 
 def load_feature_examples(path: Path, target_bf16, max_shards: int | None):
-    """Like :func:`load_examples`, each sequence with the target's features at every position but
-    the last: ``(ids [S], p, hidden [t, H], top_p, top_i, feats [S - 1, H] fp16)``."""
-    shards = sorted(path.glob("shard_*.pt"))[:max_shards]  # the shards present now (a data run may add more)
-    if not shards:
-        raise SystemExit(f"no data shards in {path}: run --phase data first")
-    side = prompt_features(shards, target_bf16)
-    examples = []
-    for shard in shards:
-        d = torch.load(shard)
-        for prompt, new, valid, hidden, top_p, top_i, pf in zip(
-                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"], side[shard]):
-            t = int(valid.sum())
-            if t < 2:
-                continue
-            ids = torch.cat([prompt, new[:t]]).long()
-            feats = torch.cat([pf, hidden[:t]])  # features at positions 0 .. p-2+t = S-2
-            examples.append((ids, len(prompt), hidden[:t].clone(), top_p[:t].clone(), top_i[:t].long(), feats))
-    return examples, len(shards)
+    """:func:`load_examples` with each sequence's prompt features appended (``[p - 1, H]`` fp16)."""
+    return load_examples([path], max_shards, extra=lambda shard, d: prompt_features(shard, d["prompt_ids"], target_bf16))
 
 
 def make_feature_batch(examples, pad_id: int):
     """``make_batch`` plus the true features ``[B, S, H]`` (zeros where none: last position, pads)
-    and a mask of the positions that have one."""
+    and a mask of the positions that have one: the prompt's (positions 0 .. p-2) then the stored
+    hidden states (p-1 .. S-2)."""
     ids, rows, cols, hidden, top_p, top_i = make_batch([e[:5] for e in examples], pad_id)
     B, S = ids.shape
-    H = examples[0][5].shape[1]
-    feats = torch.zeros(B, S, H)
+    feats = torch.zeros(B, S, examples[0][2].shape[1])
     has = torch.zeros(B, S, dtype=torch.bool)
-    for i, e in enumerate(examples):
-        n = e[5].shape[0]
-        feats[i, :n] = e[5].float()
+    for i, (_, _, h, _, _, pf) in enumerate(examples):
+        n = pf.shape[0] + h.shape[0]
+        feats[i, :n] = torch.cat([pf, h]).float()
         has[i, :n] = True
     return ids, rows, cols, hidden, top_p, top_i, feats, has
 
@@ -830,46 +805,56 @@ def train_features(args, paths: list[Path]) -> None:
     opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    deadline = time.time() + args.minutes * 60
-    step, best, epoch = 0, -1.0, 0
+    state = {"epoch": 0}
+    step, best = 0, -1.0
+
+    def checkpoint(label: str, best: float) -> float:
+        """Validate, log, save the draft if it is the best so far; the best validation acceptance."""
+        vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
+        log(f"train: {label} epoch {state['epoch']} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
+            f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
+        if vacc > best:
+            save_feature_draft(draft, args.out)
+            return vacc
+        return best
     start = time.time()
     bar = tqdm(total=args.steps, desc="train", unit="step")
-    while time.time() < deadline and step < args.steps:
-        rng.shuffle(tr)
-        for i in range(0, len(tr), args.batch_seqs):
-            if time.time() >= deadline or step >= args.steps:
-                break
-            lr = set_lr(opt, args, step, start)
-            ids, rows, cols, _, top_p, top_i, feats, has = make_feature_batch(tr[i:i + args.batch_seqs], pad_id)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-                h = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen)
-                logits = draft.logits(h[rows, cols])
-            kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
-            reg = torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has])
-            loss = kl + args.tv_weight * (1.0 - acc_g) + args.reg_weight * reg
-            optimizer_step(opt, loss, trainable)
-            step += 1
-            bar.update(1)
-            bar.set_postfix(epoch=epoch, kl=f"{kl.item():.3f}", acc=f"{acc_g.item():.3f}", reg=f"{reg.item():.3f}",
-                            lr=f"{lr:.1e}")
-            if step % args.eval_every == 0:
-                vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
-                log(f"train: step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
-                    f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
-                if vacc > best:
-                    best = vacc
-                    save_feature_draft(draft, args.out)
-        epoch += 1
+    for batch in time_boxed_batches(tr, args, rng, state):
+        lr = set_lr(opt, args, step, start)
+        ids, rows, cols, _, top_p, top_i, feats, has = make_feature_batch(batch, pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            h = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen)
+            logits = draft.logits(h[rows, cols])
+        kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
+        reg = torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has])
+        loss = kl + args.tv_weight * (1.0 - acc_g) + args.reg_weight * reg
+        optimizer_step(opt, loss, trainable)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(epoch=state['epoch'], kl=f"{kl.item():.3f}", acc=f"{acc_g.item():.3f}", reg=f"{reg.item():.3f}",
+                        lr=f"{lr:.1e}")
+        if step % args.eval_every == 0:
+            best = checkpoint(f"step {step}", best)
     bar.close()
     if step < args.steps:
         log(f"train: stopped by the --minutes limit at step {step} of {args.steps}")
-    vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
-    log(f"train: final step {step} epoch {epoch} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
-        f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
-    if vacc > best:
-        best = vacc
-        save_feature_draft(draft, args.out)
+    best = checkpoint(f"final step {step}", best)
     log(f"train: saved the best feature draft (val acceptance {best:.4f}) to {args.out}")
+
+
+def time_boxed_batches(tr: list, args, rng, state: dict):
+    """Batches of ``args.batch_seqs`` sequences, reshuffled each epoch, until ``args.steps``
+    batches or ``args.minutes`` have passed; ``state["epoch"]`` follows the epochs."""
+    deadline = time.time() + args.minutes * 60
+    given = 0
+    while True:
+        rng.shuffle(tr)
+        for i in range(0, len(tr), args.batch_seqs):
+            if time.time() >= deadline or given >= args.steps:
+                return
+            yield tr[i:i + args.batch_seqs]
+            given += 1
+        state["epoch"] += 1
 
 
 def set_lr(opt, args, step: int, start: float) -> float:

@@ -112,12 +112,13 @@ def target_features(target, input_ids: torch.Tensor):
     return logits, seen[-1]
 
 
-def draft_logits(draft, target, input_ids: torch.Tensor) -> torch.Tensor:
+def draft_logits(draft, target, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
     """Draft logits ``[b, S, V]`` at every position of ``input_ids`` for any draft: a plain causal
     LM reads the tokens; a :class:`FeatureDraft` also reads ``target``'s features of the same
-    prefix (as at depth 1 of the decoder)."""
+    prefix (as at depth 1 of the decoder): ``features`` if given (from :func:`target_features`),
+    else one target forward."""
     if isinstance(draft, FeatureDraft):
-        _, feats = target_features(target, input_ids)
+        feats = target_features(target, input_ids)[1] if features is None else features
         return draft.logits(draft(input_ids, shifted_features(feats)).hidden)
     return draft(input_ids=input_ids).logits
 

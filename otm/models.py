@@ -412,7 +412,7 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
     import numpy as np
     import torch
 
-    from .feature_draft import FeatureDraft, shifted_features, target_features
+    from .feature_draft import draft_logits, target_features
 
     if not prompts:
         raise OtmError("held_out_acceptance needs at least one prompt")
@@ -445,11 +445,7 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
                 with torch.no_grad():
                     logits, feats = target_features(target_model, ids)
                     p_target = torch.softmax(logits[0, positions].float(), -1)
-                    if isinstance(draft_model, FeatureDraft):
-                        hidden = draft_model(ids, shifted_features(feats)).hidden
-                        d_logits = draft_model.logits(hidden)
-                    else:
-                        d_logits = draft_model(input_ids=ids).logits
+                    d_logits = draft_logits(draft_model, target_model, ids, feats)
                     p_draft = torch.softmax(d_logits[0, positions].float(), -1)
                 results.append(torch.minimum(p_target, p_draft).sum(-1).double().cpu().numpy())
     finally:

@@ -136,13 +136,13 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
-def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft=None):
-    """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None)."""
+def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft):
+    """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None);
+    ``hf_draft`` is the draft of the hf assisted row."""
     from .decoder import autoregressive_decode, speculative_decode
 
     if c.kind == "hf_assisted":
-        return (*_hf_assisted(target, hf_draft if hf_draft is not None else draft, ids, sampling, max_new_tokens, eos,
-                              seed), None)
+        return (*_hf_assisted(target, hf_draft, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     else:

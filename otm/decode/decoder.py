@@ -50,6 +50,7 @@ past, so still exact) and no token beyond the limit is drafted.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import numbers
 import time
@@ -180,12 +181,14 @@ class _Runner:
         self.calls += 1
         return out.logits
 
+    def chain(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids [1, n], positions [1, n])`` of a chain of tokens placed after the cache."""
+        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
+        return ids, self.length() + torch.arange(len(tokens), device=self.device)[None]
+
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Feed a chain of tokens (batch 1) after the cache; logits of the last one ``[1, V]``."""
-        past = self.length()
-        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)  # [1, n]
-        positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
-        return self.forward(ids, positions, keep=1)[:, -1]
+        return self.forward(*self.chain(tokens), keep=1)[:, -1]
 
     def keep_path(self, length: int, path: list[int]) -> None:
         """Keep the first ``length`` positions followed by the positions ``path`` (increasing, all >= length).
@@ -238,10 +241,7 @@ class _FeatureRunner(_Runner):
 
     def feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed a chain (batch 1) with its features ``[n, H]``; hidden state of the last one ``[1, H]``."""
-        past = self.length()
-        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)  # [1, n]
-        positions = past + torch.arange(len(tokens), device=self.device)[None]  # [1, n]
-        return self.forward(ids, positions, features[None].to(self.dtype))[:, -1]
+        return self.forward(*self.chain(tokens), features[None].to(self.dtype))[:, -1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden)
@@ -517,11 +517,11 @@ class _Decoder:
         out: list[int] = []
         start = time.perf_counter()
         stopped = "max_new_tokens"
-        hook = None
-        if self.features:  # the target's features are its head's inputs
+        hook = contextlib.nullcontext()
+        if self.features:  # the target's features are its head's inputs (a torch hook handle removes itself on exit)
             head = self.target.model.get_output_embeddings()
             hook = head.register_forward_hook(lambda _m, inputs, _o: self.captured.append(inputs[0]))
-        with torch.inference_mode(), _removing(hook):
+        with torch.inference_mode(), hook:
             while len(out) < self.max_new:
                 new = self.step(self.max_new - len(out))[: self.max_new - len(out)]
                 hit = next((i for i, t in enumerate(new) if t in self.eos), None)
@@ -540,21 +540,6 @@ class _Decoder:
         s.draft_calls = self.draft.calls if self.draft is not None else 0
         s.stopped = stopped
         return Generation(out, s)
-
-
-class _removing:
-    """Context manager removing a hook handle (or nothing) on exit."""
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __enter__(self):
-        return self.handle
-
-    def __exit__(self, *exc):
-        if self.handle is not None:
-            self.handle.remove()
-        return False
 
 
 def _generator(generator, seed, device) -> torch.Generator:
