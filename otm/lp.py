@@ -187,7 +187,8 @@ class Plan:
     token ``rows.tokens[j]`` (a member of the row): a *hit*. Build it with
     :meth:`from_solution`, which repairs a solver's answer to exact feasibility:
     negatives are clipped to 0, each row is scaled down to at most ``mass[r]``,
-    then each token column to at most ``target[y]``.
+    then each token column to at most ``target[y]``, then every entry whose row and token both
+    have mass left gets the smaller of the two (the plan stays feasible; acceptance only rises).
 
     The *completion* couples the leftover row masses
     :math:`l_r = m_r - \sum_y \pi_{r,y}` independently with the leftover target
@@ -234,6 +235,19 @@ class Plan:
             scale = np.ones(target.size)
             scale[over] = target[over] / col_sum[over]
             pi *= scale[rows.tokens]
+        # top-up: the scaling (and the solver's tolerance) may leave an entry whose row and token
+        # both have mass left; moving min(row left, token left) onto it keeps the plan feasible and
+        # only raises the acceptance. At an optimum no such entry exists but for rounding, so the
+        # loop visits a handful of entries.
+        row_left = np.maximum(rows.mass - np.bincount(rid, weights=pi, minlength=rows.n), 0.0)
+        col_left = np.maximum(target - np.bincount(rows.tokens, weights=pi, minlength=target.size), 0.0)
+        for j in np.flatnonzero((row_left[rid] > 0) & (col_left[rows.tokens] > 0)):
+            r, y = rid[j], rows.tokens[j]
+            t = min(row_left[r], col_left[y])
+            if t > 0:
+                pi[j] += t
+                row_left[r] -= t
+                col_left[y] -= t
         return cls(rows, pi, target, folded)
 
     # -- marginals ----------------------------------------------------------------------------
