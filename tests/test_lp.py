@@ -13,7 +13,7 @@ import math
 import numpy as np
 import ot
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from otm.laws import OtmError
@@ -92,8 +92,13 @@ def check_plan(res, scheme, target, tol=1e-12):
 # ---------------------------------------------------------------------------------------------
 
 
+_TINY = np.array([4e-10, 0.25, 0.375, 0.375]) / (1 + 4e-10)  # summing to 1, as the strategy's laws do
+
+
 @settings(max_examples=150, **SETTINGS)
 @given(pair(2, 6), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
+# a 4e-10 mass: the unfolded cvxpy plan lost 1.09e-9 of acceptance in the repair before its top-up
+@example(tq=(_TINY, _TINY), k=3, name="iid")
 def test_value_is_the_subset_formula_for_both_backends_and_folds(tq, k, name):
     target, draft = tq
     scheme = make(name, draft, k)
