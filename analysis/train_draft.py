@@ -41,7 +41,7 @@ the ones below).
     python analysis/train_draft.py --phase data --workers 2 --worker 1
     python analysis/train_draft.py --phase train --threads 2
 
-``--arch features`` (sixth round, the committed default ``otm/draft_model/``) trains a draft that
+``--arch features`` (sixth and seventh rounds, the committed default ``otm/draft_model/``) trains a draft that
 reads the target's features instead (EAGLE-style, ``otm/feature_draft.py``): one Llama layer on
 the target's embedding and head, fed (token, the target's feature at the previous position);
 the shards' stored hidden states are those features, the prompt positions' are computed once and
