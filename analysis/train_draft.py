@@ -315,10 +315,11 @@ def generate_data(args) -> Path:
         meta["self"] = dict(query_tokens=SELF_QUERY_TOKENS, min_chars=SELF_MIN_CHARS, oversample=SELF_OVERSAMPLE)
     check_meta(out / "meta.json", meta)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    todo = [b for b in range(args.worker, args.batches, args.workers)
-            if not (out / f"shard_{b:04d}.pt").exists()]
+    mine = range(args.worker, args.batches, args.workers)
+    todo = [b for b in mine if not (out / f"shard_{b:04d}.pt").exists()]
     log(f"data: {args.batches} batches of {args.batch_size} prompts x {args.new_tokens} new tokens "
-        f"into {out}; {args.batches - len(todo)} cached, {len(todo)} to generate")
+        f"into {out}; worker {args.worker} of {args.workers}: {len(mine) - len(todo)} of its {len(mine)} cached, "
+        f"{len(todo)} to generate")
     if not todo:
         return out
     model, tokenizer = load_target(getattr(torch, args.gen_dtype))

@@ -58,9 +58,9 @@ def test_cache_dir_falls_back_to_xdg_then_home(monkeypatch, tmp_path):
 def test_draft_dir_is_committed_and_small():
     from otm.models import TOKEN_DRAFT_DIR, default_token_draft_path
 
-    path = default_draft_path()
-    assert path == DRAFT_DIR
-    for committed in {path, default_token_draft_path()} | ({TOKEN_DRAFT_DIR} if TOKEN_DRAFT_DIR.exists() else set()):
+    assert default_draft_path() == DRAFT_DIR
+    assert default_token_draft_path() == TOKEN_DRAFT_DIR
+    for committed in (DRAFT_DIR, TOKEN_DRAFT_DIR):
         files = {p.name: p.stat().st_size for p in committed.iterdir() if p.is_file()}
         assert "config.json" in files and "model.safetensors" in files, files
         total = sum(files.values())
@@ -70,14 +70,13 @@ def test_draft_dir_is_committed_and_small():
 
 
 def test_committed_feature_draft_holds_only_its_own_tensors():
-    """If the default draft reads the target's features, its file holds fc.* and the layers only
+    """The default draft reads the target's features: its file holds fc.* and the layers only
     (the 49152 x 576 embedding and head are the target's), at the target's width."""
     from safetensors.torch import load_file
 
     from otm.feature_draft import is_feature_draft
 
-    if not is_feature_draft(DRAFT_DIR):
-        pytest.skip("the default draft is a token-only draft")
+    assert is_feature_draft(DRAFT_DIR)
     state = load_file(str(DRAFT_DIR / "model.safetensors"))
     assert all(k.startswith(("fc.", "model.")) for k in state) and "model.embed_tokens.weight" not in state
     assert state["fc.weight"].shape == (576, 1152) and state["fc.weight"].dtype == torch.float16
