@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
-from .schemes import Greedy, Scheme, SpecHub, make_scheme
+from .schemes import Greedy, Scheme, SpecHub, Top, make_scheme
 
 QUADRATURE_STEP_SCALE = 0.19
 """Default trapezoid step in ``y = log t`` is ``0.19 / k**0.25`` (0.144 at k = 3, 0.113 at k = 8).
@@ -488,6 +488,7 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
       ``D`` the fixed top-(k-1) tokens of :class:`otm.schemes.Greedy`;
     * ``spechub``: :math:`p(a) + \sum_{i \ne a} \min(p(i), q(i)/(1 - q(a)))`,
       ``a`` the hub of :class:`otm.schemes.SpecHub`;
+    * ``top``: :math:`p(D)`, ``D`` the fixed drafts of :class:`otm.schemes.Top`;
     * ``table``: :func:`brute_force_optimum` (V <= 20).
 
     Parameters
@@ -528,6 +529,10 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
         return _fixed_plus_one("greedy", scheme.k, target, scheme.fixed, scheme.last)
     if isinstance(scheme, SpecHub):
         return _fixed_plus_one("spechub", 2, target, np.array([scheme.hub]), scheme.others)
+    if isinstance(scheme, Top):  # one fixed set D: the best coupling outputs y in D whenever y ~ target does
+        H = np.zeros(scheme.V, dtype=bool)
+        H[scheme.fixed] = True
+        return Optimum(value=float(target[H].sum()), scheme="top", k=scheme.k, H=H, method="fixed_set")
     if scheme.V > BRUTE_FORCE_MAX_V:
         raise OtmError(
             f"no closed form for the {scheme.name} scheme and V={scheme.V} is above the brute-force "

@@ -22,6 +22,10 @@ Schemes
     SpecHub (Sun et al., EMNLP 2024), k = 2: with ``a = argmax draft``,
     ``x1 ~ draft``; ``x2 = a`` if ``x1 != a`` else ``x2 ~ draft`` restricted to
     tokens other than ``a``.
+``top``
+    the k most probable tokens of ``draft``, deterministic, in decreasing order of
+    draft probability (the drafts of EAGLE-2, SGLang and llama.cpp trees; the
+    optimum is then the target mass of the set).
 ``table``
     an explicit joint law over k-tuples (e.g. drafts from different models).
 
@@ -42,7 +46,7 @@ from .laws import OtmError, categorical, check_k, check_law, support_size
 MAX_ENUMERATION = 5_000_000
 """Largest number of draft tuples (or sets) :meth:`Scheme.enumerate` builds by default."""
 
-SCHEME_NAMES = ("iid", "without_replacement", "greedy", "spechub", "table")
+SCHEME_NAMES = ("iid", "without_replacement", "greedy", "spechub", "top", "table")
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,39 @@ class SpecHub(Scheme):
         return np.array([x1, x2], dtype=np.int64)
 
 
+class Top(Scheme):
+    r"""Deterministic drafts: the k most probable tokens of ``draft`` with positive mass, in
+    decreasing order of draft probability (ties to the lower index); probability 1.
+
+    The drafts of engines that expand a tree with the draft's top candidates (EAGLE-2,
+    SGLang, llama.cpp). A rule made for *sampled* drafts is in general not exact on them.
+    """
+
+    name = "top"
+
+    def __init__(self, draft, k: int):
+        self.draft = check_law(draft, "draft")
+        self.k = check_k(k)
+        self.V = self.draft.size
+        if self.k > support_size(self.draft):
+            raise OtmError(
+                f"the top scheme needs k <= the draft's support ({support_size(self.draft)} tokens), got k={self.k}"
+            )
+        self.fixed = np.argsort(-self.draft, kind="stable")[: self.k].astype(np.int64)
+
+    def n_tuples(self) -> int:
+        return 1
+
+    def n_sets(self) -> int:
+        return 1
+
+    def _enumerate(self):
+        return self.fixed[None].copy(), np.ones(1)
+
+    def sample(self, rng):
+        return self.fixed.copy()
+
+
 class Table(Scheme):
     """An explicit joint law over k-tuples of tokens in ``range(V)``."""
 
@@ -389,8 +426,8 @@ class Table(Scheme):
 
 
 def make_scheme(name: str, draft, k: int) -> Scheme:
-    """Build a scheme by name (``iid``, ``without_replacement``, ``greedy``, ``spechub``)."""
-    classes = {"iid": IID, "without_replacement": WithoutReplacement, "greedy": Greedy, "spechub": SpecHub}
+    """Build a scheme by name (``iid``, ``without_replacement``, ``greedy``, ``spechub``, ``top``)."""
+    classes = {"iid": IID, "without_replacement": WithoutReplacement, "greedy": Greedy, "spechub": SpecHub, "top": Top}
     if name not in classes:
         raise OtmError(f"unknown scheme {name!r}: choose one of {', '.join(classes)}")
     return classes[name](draft, k)

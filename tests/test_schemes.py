@@ -146,3 +146,28 @@ def test_sampler_test_has_power_negative_control():
     assert power > 0.99
     result = chi2_gof(tuple_counts(wo.sample, tuples, N_DRAWS, seed=2), p0, alpha=ALPHA)
     assert result.reject, str(result)
+
+
+def test_top_scheme_fixed_drafts_optimum_and_torch_twin():
+    """``top``: the k most probable draft tokens (decreasing, ties to the lower index), probability 1;
+    alpha* = target mass of the set (closed form = brute force = LP); torch twin gives the same tuple."""
+    import torch
+
+    import otm.torch as ot
+    from otm.lp import solve_lp
+    from otm.optimum import brute_force_optimum, optimal_acceptance_of
+    from otm.schemes import Top
+
+    draft = np.array([0.1, 0.3, 0.1, 0.3, 0.2, 0.0])
+    target = np.array([0.25, 0.05, 0.3, 0.1, 0.2, 0.1])
+    scheme = Top(draft, 3)
+    tuples, probs = scheme.enumerate()
+    assert tuples.tolist() == [[1, 3, 4]] and probs.tolist() == [1.0]
+    assert scheme.sample(np.random.default_rng(0)).tolist() == [1, 3, 4]
+    opt = optimal_acceptance_of(scheme, target).value
+    assert abs(opt - 0.35) < 1e-12
+    assert abs(brute_force_optimum(scheme, target) - opt) < 1e-12
+    assert abs(solve_lp(scheme, target).value - opt) < 1e-9
+    assert ot.sample_top(torch.tensor(draft)[None], 3).tolist() == [[1, 3, 4]]
+    with pytest.raises(OtmError, match="support"):
+        Top(draft, 6)

@@ -41,6 +41,7 @@ from .schemes import (
     sample_greedy,
     sample_iid,
     sample_spechub,
+    sample_top,
     sample_without_replacement,
     top_tokens,
 )
@@ -63,5 +64,6 @@ __all__ = [
     "sample_without_replacement",
     "sample_greedy",
     "sample_spechub",
+    "sample_top",
     "top_tokens",
 ]

@@ -132,11 +132,20 @@ def sample_spechub(draft, k: int = 2, *, generator=None, uniforms=None, compute_
     return torch.cat([x1, x2], dim=1)
 
 
+def sample_top(draft, k: int, *, generator=None, uniforms=None, compute_dtype=None, validate=True) -> torch.Tensor:
+    """The k most probable tokens per row, decreasing draft probability, ties to the lower index
+    ``[batch, k]`` (deterministic: ``generator`` and ``uniforms`` are not used); twin of
+    :class:`otm.schemes.Top`."""
+    q = _prepare(draft, k, compute_dtype, validate, min_support=k)
+    return q.sort(dim=-1, descending=True, stable=True).indices[:, :k].contiguous()  # [batch, k]
+
+
 SAMPLERS = {
     "iid": sample_iid,
     "without_replacement": sample_without_replacement,
     "greedy": sample_greedy,
     "spechub": sample_spechub,
+    "top": sample_top,
 }
 """Scheme name (as in :mod:`otm.schemes`) -> batched sampler ``f(draft, k, generator=...)``."""
 
@@ -155,5 +164,6 @@ __all__ = [
     "sample_without_replacement",
     "sample_greedy",
     "sample_spechub",
+    "sample_top",
     "top_tokens",
 ]
