@@ -1,10 +1,11 @@
 """The ``otm`` command line.
 
     otm acceptance --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 -k 2 --scheme iid [--json]
+    otm certify MODULE:FUNCTION --kind law|sampler|torch|decoder --scheme iid -k 2 [--tv 0.01] [--json]
     otm demo [--no-decode]
 
 Bad input prints one line on stderr (``otm: error: ...``) and exits with status 2;
-no traceback.
+no traceback. ``otm certify`` exits with 0 when the rule is certified, 1 when it is refuted.
 """
 
 from __future__ import annotations
@@ -98,6 +99,26 @@ def _cmd_acceptance(args) -> int:
     return 0
 
 
+def _cmd_certify(args) -> int:
+    from .certify import certify, load_rule
+
+    rule = load_rule(args.rule)
+    target = parse_law(args.target, "target") if args.target is not None else None
+    draft = parse_law(args.draft, "draft") if args.draft is not None else None
+    extra = {"length": args.length} if args.kind == "decoder" else {}
+    if args.kind != "decoder" and args.length is not None:
+        raise OtmError("--length applies to --kind decoder only")
+    if args.kind == "decoder" and (target is not None or draft is not None):
+        raise OtmError("--target/--draft apply to token-level kinds (law, sampler, torch), not to --kind decoder")
+    if extra.get("length") is None:
+        extra.pop("length", None)
+    progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    report = certify(rule, kind=args.kind, scheme=args.scheme, k=args.k, tv=args.tv, alpha=args.alpha, seed=args.seed,
+                     target=target, draft=draft, examples=args.examples, progress=progress, name=args.rule, **extra)
+    print(report.to_json() if args.json else str(report))
+    return report.exit_code
+
+
 DEMO_CASES = [
     ("README example: K-SEQ and RRS below the iid optimum", "0.5,0.3,0.2", "0.2,0.2,0.6", 2, "iid"),
     ("same laws, drafts without replacement", "0.5,0.3,0.2", "0.2,0.2,0.6", 2, "without_replacement"),
@@ -177,6 +198,32 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--max-lp-variables", type=int, default=DEFAULT_MAX_LP_VARIABLES)
     acc.add_argument("--max-tuples", type=int, default=DEFAULT_MAX_TUPLES, help="cap on enumerated draft tuples")
     acc.set_defaults(func=_cmd_acceptance)
+    cert = sub.add_parser(
+        "certify", help="prove a verifier exact or refute it with its smallest counterexample (exit 0 / 1)",
+        description="Certify a verifier given as MODULE:FUNCTION (an importable module or a path to a .py file). "
+                    "Exit status 0: certified; 1: refuted; 2: bad input.",
+    )
+    cert.add_argument("rule", help="MODULE:FUNCTION, e.g. otm.verifiers.kseq:law or my_rule.py:sample")
+    cert.add_argument("--kind", required=True, choices=["law", "sampler", "torch", "decoder"],
+                      help="law: law(target, draft, drafts) -> [V]; sampler: sample(target, draft, drafts, rng) -> "
+                           "token; torch: batched, signature of otm.torch verifiers; decoder: a torch verifier run "
+                           "inside speculative_decode on toy models")
+    cert.add_argument("--scheme", default="iid", choices=["iid", "without_replacement", "greedy", "spechub", "top"],
+                      help="how the k drafts are drawn (default iid)")
+    cert.add_argument("-k", type=int, default=2, help="drafts per position (default 2)")
+    cert.add_argument("--tv", type=float, default=0.01,
+                      help="statistical kinds: total variation detected with power >= 0.99 (default 0.01)")
+    cert.add_argument("--alpha", type=float, default=1e-3,
+                      help="statistical kinds: chance of refuting a valid rule (default 0.001)")
+    cert.add_argument("--seed", type=int, default=0, help="seed of the draws and of the search (default 0)")
+    cert.add_argument("--examples", type=int, default=300,
+                      help="law kind: random pairs the hypothesis search tries after the fixed bank (default 300)")
+    cert.add_argument("--target", help="check this one target law (comma-separated) instead of the bank")
+    cert.add_argument("--draft", help="the draft law of that one case")
+    cert.add_argument("--length", type=int, default=None, help="decoder kind: draft depth L")
+    cert.add_argument("--json", action="store_true", help="print one JSON object")
+    cert.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cert.set_defaults(func=_cmd_certify)
     demo = sub.add_parser(
         "demo", help="the main job: acceptance tables on instructive cases, then a short decode with the embedded models"
     )
