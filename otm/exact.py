@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .laws import OtmError, check_law
-from .schemes import MAX_ENUMERATION, Scheme
+from .laws import OtmError
+from .schemes import MAX_ENUMERATION, Scheme, check_target
 from .verifiers import VERIFIERS, Verifier
 
 
@@ -40,12 +40,12 @@ class Evaluation:
 
 def evaluate(verifier: str | Verifier, scheme: Scheme, target, *, limit: int = MAX_ENUMERATION) -> Evaluation:
     """Exact output law, its largest deviation from ``target``, and the acceptance."""
+    target = check_target(scheme, target)
     v = VERIFIERS.get(verifier) if isinstance(verifier, str) else verifier
     if v is None:
         raise OtmError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
     if not v.applies(scheme):
         raise OtmError(f"verifier {v.name} is not exact for the {scheme.name} scheme with k={scheme.k}")
-    target = check_law(target, "target", size=scheme.V)
     tuples, probs = scheme.enumerate(limit)
     bound = v.bind(target, scheme)
     out = np.zeros(scheme.V)

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .laws import OtmError, check_law
-from .schemes import IID, MAX_ENUMERATION, Greedy, Rows, Scheme, SpecHub, Table, WithoutReplacement
+from .laws import OtmError
+from .schemes import IID, MAX_ENUMERATION, Greedy, Rows, Scheme, SpecHub, Table, WithoutReplacement, check_target
 
 BACKENDS = ("cvxpy", "highs", "pot")
 
@@ -595,7 +595,7 @@ def solve_lp(
     scheme : otm.schemes.Scheme
         Joint law of the k drafts (V tokens).
     target : array_like, shape (V,)
-        Target next-token law :math:`p`; checked by :func:`otm.laws.check_law`.
+        Target next-token law :math:`p`; checked by :func:`otm.schemes.check_target`.
     fold : bool, default True
         Rows on distinct-token sets (smaller, same optimum) or on ordered tuples.
     backend : {"cvxpy", "highs", "pot"}, default "cvxpy"
@@ -643,7 +643,7 @@ def solve_lp(
     start = time.perf_counter()
     if backend not in BACKENDS:
         raise OtmError(f"unknown LP backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    target = check_law(target, "target", size=scheme.V)
+    target = check_target(scheme, target)
     rows = _build_rows(scheme, fold, int(max_variables))
     timings = {"rows": time.perf_counter() - start}
     solver = {"highs": _solve_highs, "cvxpy": _solve_cvxpy, "pot": _solve_pot}[backend]

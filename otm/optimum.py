@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
-from .schemes import Greedy, Scheme, SpecHub, Top, make_scheme
+from .schemes import Greedy, Scheme, SpecHub, Top, check_target, make_scheme
 
 QUADRATURE_STEP_SCALE = 0.19
 """Default trapezoid step in ``y = log t`` is ``0.19 / k**0.25`` (0.144 at k = 3, 0.113 at k = 8).
@@ -450,18 +450,6 @@ def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None) -> O
     )
 
 
-def _check_target(scheme, target) -> np.ndarray:
-    if not isinstance(scheme, Scheme):
-        raise OtmError(f"expected a Scheme from otm.schemes, got {type(scheme).__name__}")
-    target = check_law(target, "target")
-    if target.size != scheme.V:
-        raise OtmError(
-            f"target has {target.size} masses but the {scheme.name} scheme has V={scheme.V}: "
-            "give laws over the same vocabulary"
-        )
-    return target
-
-
 def _fixed_plus_one(name: str, k: int, target: np.ndarray, fixed: np.ndarray, last: np.ndarray) -> Optimum:
     """``target(D) + sum_{x not in D} min(target(x), last(x))`` and its cut ``D + {target < last}``."""
     H = np.zeros(target.size, dtype=bool)
@@ -522,7 +510,7 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
     >>> round(optimal_acceptance_of(Greedy([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2]).value, 6)
     1.0
     """
-    target = _check_target(scheme, target)
+    target = check_target(scheme, target)
     if scheme.name in ("iid", "without_replacement"):
         return _prefix_optimum(scheme, target, step)
     if isinstance(scheme, Greedy):
@@ -643,5 +631,5 @@ def brute_force_optimum(scheme: Scheme, target) -> float:
     >>> round(brute_force_optimum(Table([[0, 1], [2, 2]], [0.5, 0.5], V=3), [0.5, 0.3, 0.2]), 6)
     0.7
     """
-    target = _check_target(scheme, target)
+    target = check_target(scheme, target)
     return _brute_force(scheme, target)[0]

@@ -425,6 +425,22 @@ class Table(Scheme):
         return self.tuples[categorical(rng, self.probs)].copy()
 
 
+def check_target(scheme, target) -> np.ndarray:
+    """``target`` checked against ``scheme`` (a :class:`Scheme`, over the same V), or a one-line OtmError.
+
+    >>> check_target(IID([0.5, 0.5], 2), [0.2, 0.3, 0.5])
+    Traceback (most recent call last):
+    ...
+    otm.laws.OtmError: target has 3 masses but the iid scheme's draft law has 2: give laws over the same vocabulary
+    """
+    if not isinstance(scheme, Scheme):
+        raise OtmError(
+            f"expected a draft scheme from otm.schemes (e.g. IID(draft, k)), got {type(scheme).__name__} "
+            f"{scheme!r:.40}: build one with otm.schemes.make_scheme(name, draft, k)"
+        )
+    return check_law(target, "target", size=scheme.V, size_of=f"the {scheme.name} scheme's draft law")
+
+
 def make_scheme(name: str, draft, k: int) -> Scheme:
     """Build a scheme by name (``iid``, ``without_replacement``, ``greedy``, ``spechub``, ``top``)."""
     classes = {"iid": IID, "without_replacement": WithoutReplacement, "greedy": Greedy, "spechub": SpecHub, "top": Top}

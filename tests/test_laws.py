@@ -63,3 +63,29 @@ class ConstantRng:
 def test_categorical_never_returns_zero_mass(u):
     law = np.array([0.0, 0.0, 0.3, 0.0, 0.7, 0.0])
     assert law[categorical(ConstantRng(u), law)] > 0
+
+
+def test_public_doors_refuse_bad_input_in_one_line():
+    """Each door names the right culprit: acceptance of unnormalised or NaN laws, a target whose size
+    differs from the scheme's draft law (not "the target has 2"), a scheme given by name."""
+    from otm.exact import evaluate
+    from otm.lp import solve_lp
+    from otm.optimum import optimal_acceptance_of
+    from otm.schemes import IID
+    from otm.verifiers import lp_optimal, speculative
+
+    cases = [
+        (lambda: speculative.acceptance([5, 5], [0.5, 0.5]), "sums to 10"),
+        (lambda: speculative.acceptance([float("nan"), 1.0], [0.5, 0.5]), "non-finite"),
+        (lambda: speculative.acceptance([0.5, 0.5], [0.2, 0.2, 0.6]), "draft has 3 masses but the target has 2"),
+        (lambda: solve_lp(IID([0.5, 0.5], 2), [0.2, 0.3, 0.5]), "iid scheme's draft law has 2"),
+        (lambda: evaluate("kseq", IID([0.5, 0.5], 2), [0.2, 0.3, 0.5]), "iid scheme's draft law has 2"),
+        (lambda: lp_optimal.bind([0.2, 0.3, 0.5], IID([0.5, 0.5], 2)), "iid scheme's draft law has 2"),
+        (lambda: solve_lp("iid", [0.5, 0.5]), "expected a draft scheme"),
+        (lambda: evaluate("kseq", "iid", [0.5, 0.5]), "expected a draft scheme"),
+        (lambda: optimal_acceptance_of(None, [1.0]), "expected a draft scheme"),
+    ]
+    for call, words in cases:
+        with pytest.raises(OtmError) as err:
+            call()
+        assert words in str(err.value) and "\n" not in str(err.value), str(err.value)

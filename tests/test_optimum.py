@@ -330,13 +330,13 @@ def test_brute_force_refuses_large_vocabularies():
 def test_bad_inputs():
     with pytest.raises(OtmError, match="draft has 3 masses but the target has 2"):
         optimal_acceptance([0.5, 0.5], [0.2, 0.3, 0.5], 2)
-    with pytest.raises(OtmError, match="target has 2 masses but the iid scheme has V=3"):
+    with pytest.raises(OtmError, match="target has 2 masses but the iid scheme.s draft law has 3"):
         optimal_acceptance_of(IID([0.2, 0.3, 0.5], 2), [0.5, 0.5])
     with pytest.raises(OtmError, match="negative"):
         optimal_acceptance([0.5, 0.5], [1.2, -0.2], 2)
     with pytest.raises(OtmError, match="unknown scheme"):
         optimal_acceptance([0.5, 0.5], [0.5, 0.5], 2, "beam")
-    with pytest.raises(OtmError, match="expected a Scheme"):
+    with pytest.raises(OtmError, match="expected a draft scheme"):
         optimal_acceptance_of("iid", [0.5, 0.5])
     with pytest.raises(OtmError, match="permutation"):
         prefix_membership([0.5, 0.5], 2, [0, 0])

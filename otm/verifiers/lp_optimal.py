@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..laws import categorical, check_law
+from ..laws import categorical
+from ..schemes import check_target
 from .base import Bound, Outcome
 
 
@@ -25,7 +26,7 @@ def bind(target, scheme, *, backend: str = "highs") -> Bound:
     """Solve the scheme's LP once and return its conditional law and sampler."""
     from ..lp import solve_lp  # the LP stack is imported only when this verifier is used
 
-    target = check_law(target, "target", size=scheme.V)
+    target = check_target(scheme, target)
     plan = solve_lp(scheme, target, fold=True, backend=backend).plan
 
     def law(drafts) -> np.ndarray:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..laws import check_law
 from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
 
 
@@ -44,7 +45,8 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
 
 def acceptance(target, draft) -> float:
     """:math:`\\sum_x \\min(p(x), q(x))`."""
-    return float(np.minimum(np.asarray(target, float), np.asarray(draft, float)).sum())
+    target = check_law(target, "target")
+    return float(np.minimum(target, check_law(draft, "draft", size=target.size)).sum())
 
 
 def bind(target, scheme) -> Bound:
