@@ -271,8 +271,8 @@ def load_target(dtype=torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_target_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
     return model, tokenizer
 
 

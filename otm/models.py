@@ -132,9 +132,9 @@ def default_target_path() -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{TARGET_CACHE_NAME}.", dir=dest.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
         )
         # transformers dequantises GGUF weights to plain fp32 tensors on load but still tags
         # the model as GGUF-quantized, which save_pretrained refuses; drop the tag.
@@ -252,12 +252,12 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
     if not _has_tokenizer(target_dir):
         raise OtmError(f"target model {str(target_dir)!r} has no tokenizer files: save its tokenizer next to it")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     except Exception as exc:  # transformers raises many kinds here
         raise OtmError(f"target tokenizer in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     if _has_tokenizer(draft_dir):
         try:
-            draft_tokens = AutoTokenizer.from_pretrained(draft_dir).get_vocab()
+            draft_tokens = AutoTokenizer.from_pretrained(draft_dir, local_files_only=True).get_vocab()
         except Exception as exc:
             raise OtmError(f"draft tokenizer in {str(draft_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
         target_tokens = tokenizer.get_vocab()
@@ -269,7 +269,7 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
             )
 
     try:
-        target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+        target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, local_files_only=True).to(device).eval()
     except Exception as exc:
         raise OtmError(f"target model in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     return target_model, load_draft(draft_dir, target_model), tokenizer
@@ -319,13 +319,13 @@ def load_draft(path, target_model):
 
     from .feature_draft import is_feature_draft, load_feature_draft
 
-    path = Path(path)
+    path = _model_dir(path, "draft")  # a local directory: otm never reaches the Hugging Face Hub
     embedding = target_model.get_input_embeddings().weight
     if is_feature_draft(path):  # reads the target's features (EAGLE): otm.feature_draft
         return load_feature_draft(path, target_model)
     if not draft_shares_embedding(path):
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype, local_files_only=True)
         except Exception as exc:
             raise OtmError(f"draft model in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
         target_vocab = getattr(getattr(target_model, "config", None), "vocab_size", embedding.shape[0])
@@ -340,7 +340,7 @@ def load_draft(path, target_model):
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:
         raise OtmError(f"draft config in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     want = (config.vocab_size, config.hidden_size)

@@ -160,6 +160,9 @@ def test_load_draft_plain_model_follows_the_target_and_checks_the_vocabulary(tmp
         load_draft(_tiny_llama(tmp_path / "other", 48), target)
     msg = _one_line(exc)
     assert "32" in msg and "48" in msg and "vocabulary" in msg
+    for missing in ("some/missing_dir", tmp_path / "nowhere"):  # a Hub-like name is not looked up on the Hub
+        with pytest.raises(OtmError, match="does not exist"):
+            load_draft(missing, target)
 
 
 def test_shared_draft_refuses_a_target_of_another_width(tmp_path):
