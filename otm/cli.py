@@ -31,12 +31,84 @@ class _Parser(argparse.ArgumentParser):
         raise OtmError(f"{message} (see `{self.prog} --help`)")
 
 
+LAW_FILE_SUFFIXES = (".npy", ".txt", ".json", ".csv")
+
+
 def parse_law(text: str, name: str) -> np.ndarray:
+    """A law from ``--target``/``--draft`` text: comma-separated numbers (one law), or a file."""
+    if text.endswith(LAW_FILE_SUFFIXES) or os.path.isfile(text):
+        laws = read_laws(text, name)
+        if laws.shape[0] != 1:
+            raise OtmError(f"--{name} file {text!r} holds {laws.shape[0]} laws: this option takes one")
+        return laws[0]
     try:
         values = [float(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
         raise OtmError(f"--{name} must be comma-separated numbers like 0.5,0.3,0.2, got {text!r}") from None
     return check_law(values, name)
+
+
+def read_laws(path: str, name: str) -> np.ndarray:
+    """Laws from a file: ``.npy`` (a vector or a [rows, V] array), ``.json`` (a list, or a list of lists),
+    ``.txt`` / ``.csv`` (one law per line, numbers separated by commas or spaces). Returns [rows, V],
+    every row checked by :func:`otm.laws.check_law`."""
+    if not os.path.isfile(path):
+        raise OtmError(f"--{name} file {path!r} does not exist: give a .npy, .json or .txt file, or numbers like 0.5,0.5")
+    try:
+        if path.endswith(".npy"):
+            arr = np.load(path, allow_pickle=False)
+        elif path.endswith(".json"):
+            with open(path) as f:
+                arr = np.asarray(json.load(f), dtype=np.float64)
+        else:
+            rows = []
+            with open(path) as f:
+                for line in f:
+                    line = line.strip()
+                    if line and not line.startswith("#"):
+                        rows.append([float(x) for x in line.replace(",", " ").split()])
+            if len({len(r) for r in rows}) > 1:
+                raise ValueError("lines of different lengths")
+            arr = np.asarray(rows, dtype=np.float64)
+    except (OSError, ValueError, TypeError) as exc:
+        raise OtmError(f"--{name} file {path!r} is not a law or a table of laws ({str(exc).splitlines()[0]})") from None
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.ndim != 2 or arr.size == 0:
+        raise OtmError(f"--{name} file {path!r} holds an array of shape {arr.shape}: give one law [V] or rows [n, V]")
+    return np.stack([check_law(row, f"{name} row {i}" if arr.shape[0] > 1 else name) for i, row in enumerate(arr)])
+
+
+CLOSED_FORMS = {
+    "speculative": "closed form sum min(target, draft)",
+    "kseq": "closed form at rho* (SpecTr)",
+    "rrs": "closed form 1 - prod(1 - sum min(p_i, q))",
+    "greedy": "closed form (Hu et al.)",
+    "spechub": "closed form (SpecHub)",
+}
+
+
+def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, str]:
+    from .verifiers import greedy, kseq, rrs, spechub, speculative
+
+    if name == "speculative":
+        return speculative.acceptance(target, draft), CLOSED_FORMS[name]
+    if name == "kseq":
+        return kseq.acceptance(target, draft, k), CLOSED_FORMS[name]
+    if name == "rrs":
+        return rrs.acceptance(target, draft, k), CLOSED_FORMS[name]
+    if name == "greedy":
+        return greedy.acceptance(target, draft, k), CLOSED_FORMS[name]
+    if name == "spechub":
+        return spechub.acceptance(target, draft), CLOSED_FORMS[name]
+    if name == "rrs_without_replacement":
+        from .rrsw_acceptance import acceptance
+
+        est = acceptance(target, draft, k, rng=0)
+        if est.method == "exact":
+            return est.value, "exact sum over rejection paths"
+        return est.value, f"Monte Carlo, {est.paths} paths, standard error {est.se:.1e}"
+    raise OtmError(f"no closed form for {name}")  # not reached: callers ask only for the names above
 
 
 def acceptance_report(
@@ -48,12 +120,15 @@ def acceptance_report(
     max_lp_variables: int = DEFAULT_MAX_LP_VARIABLES,
     max_tuples: int = DEFAULT_MAX_TUPLES,
 ) -> dict:
-    """Optimum (LP and closed form) and every applicable verifier's exact acceptance and law error.
+    """Optimum (closed form, and LP where it fits) and every applicable verifier's acceptance.
 
-    Returns the dictionary that ``otm acceptance --json`` prints.
+    Each verifier's acceptance comes from enumerating the draft tuples with its exact law (which also
+    gives its law error) when at most ``max_tuples`` tuples exist, else from its closed form or exact
+    formula; ``lp_optimal`` needs the LP. ``methods`` says which method gave each number. Returns the
+    dictionary that ``otm acceptance --json`` prints.
     """
     from .exact import evaluate
-    from .lp import solve_lp
+    from .lp import count_variables, solve_lp
     from .optimum import optimal_acceptance_of
     from .schemes import make_scheme
     from .verifiers import applicable
@@ -62,41 +137,89 @@ def acceptance_report(
     draft = check_law(draft, "draft", size=target.size)
     k = check_k(k)
     scheme = make_scheme(scheme_name, draft, k)
-    lp = solve_lp(scheme, target, fold=True, backend="highs", max_variables=max_lp_variables)
     fast = optimal_acceptance_of(scheme, target).value
-    verifiers = {}
+    methods = {"fast": "closed form (sorted-prefix min cut)"}
+    n_vars = count_variables(scheme, fold=True)
+    if n_vars is not None and n_vars <= max_lp_variables:
+        lp = solve_lp(scheme, target, fold=True, backend="highs", max_variables=max_lp_variables).value
+        methods["lp"] = "LP (HiGHS)"
+    else:
+        lp = None
+        size = f"{n_vars:,}" if n_vars is not None else "unknown"
+        methods["lp"] = f"not built: {size} variables > --max-lp-variables {max_lp_variables:,}"
+    verifiers, skipped = {}, {}
+    enumerable = scheme.n_tuples() <= max_tuples
     for v in applicable(scheme):
-        ev = evaluate(v, scheme, target, limit=max_tuples)
-        verifiers[v.name] = {"acceptance": ev.acceptance, "law_error": ev.law_error}
-    return {"scheme": scheme.name, "k": k, "optimal": {"lp": lp.value, "fast": fast}, "verifiers": verifiers}
+        if enumerable and (v.name != "lp_optimal" or lp is not None):
+            ev = evaluate(v, scheme, target, limit=max_tuples)
+            verifiers[v.name] = {"acceptance": ev.acceptance, "law_error": ev.law_error,
+                                 "method": f"enumeration of {scheme.n_tuples():,} draft tuples"}
+        elif v.name == "lp_optimal":
+            if lp is not None:
+                verifiers[v.name] = {"acceptance": lp, "law_error": None, "method": "the LP optimum (its plan is exact)"}
+            else:
+                skipped[v.name] = "needs the LP, not built"
+        else:
+            value, method = _closed_form_acceptance(v.name, target, draft, k)
+            verifiers[v.name] = {"acceptance": value, "law_error": None, "method": method}
+    return {"scheme": scheme.name, "k": k, "V": int(target.size), "optimal": {"lp": lp, "fast": fast},
+            "methods": methods, "verifiers": verifiers, "skipped": skipped}
 
 
 def format_report(report: dict, V: int) -> str:
-    opt = report["optimal"]["lp"]
+    opt = report["optimal"]["fast"]
+    lp = report["optimal"]["lp"]
     lines = [
         f"scheme {report['scheme']}, k = {report['k']}, V = {V}",
-        f"  optimum alpha* (LP, HiGHS)   {report['optimal']['lp']:.9f}",
-        f"  optimum alpha* (closed form) {report['optimal']['fast']:.9f}",
+        f"  optimum alpha* (LP, HiGHS)   " + (f"{lp:.9f}" if lp is not None else report["methods"]["lp"]),
+        f"  optimum alpha* (closed form) {opt:.9f}",
         "",
-        f"  {'verifier':<26}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}",
+        f"  {'verifier':<26}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}  method",
     ]
     for name, r in report["verifiers"].items():
         ratio = r["acceptance"] / opt if opt > 0 else float("nan")
-        lines.append(f"  {name:<26}{r['acceptance']:>12.9f}{ratio:>11.4f}{r['law_error']:>12.1e}")
+        err = f"{r['law_error']:>12.1e}" if r["law_error"] is not None else f"{'-':>12}"
+        lines.append(f"  {name:<26}{r['acceptance']:>12.9f}{ratio:>11.4f}{err}  {r['method']}")
+    for name, why in report.get("skipped", {}).items():
+        lines.append(f"  {name:<26}{'-':>12}{'-':>11}{'-':>12}  {why}")
     return "\n".join(lines)
 
 
 def _cmd_acceptance(args) -> int:
-    target = parse_law(args.target, "target")
-    draft = check_law(parse_law(args.draft, "draft"), "draft", size=target.size)
-    report = acceptance_report(
-        target, draft, args.k, args.scheme, max_lp_variables=args.max_lp_variables, max_tuples=args.max_tuples
-    )
+    targets = _laws_arg(args.target, "target")
+    drafts = _laws_arg(args.draft, "draft")
+    if targets.shape[1] != drafts.shape[1]:
+        raise OtmError(f"target has {targets.shape[1]} masses but the draft has {drafts.shape[1]}: "
+                       "give laws over the same vocabulary")
+    if targets.shape[0] != drafts.shape[0] and 1 not in (targets.shape[0], drafts.shape[0]):
+        raise OtmError(f"--target holds {targets.shape[0]} laws and --draft {drafts.shape[0]}: give as many of each, or one")
+    n = max(targets.shape[0], drafts.shape[0])
+    reports = [
+        acceptance_report(targets[min(i, targets.shape[0] - 1)], drafts[min(i, drafts.shape[0] - 1)], args.k,
+                          args.scheme, max_lp_variables=args.max_lp_variables, max_tuples=args.max_tuples)
+        for i in range(n)
+    ]
+    V = targets.shape[1]
+    if n == 1:
+        print(json.dumps(reports[0]) if args.json else format_report(reports[0], V))
+        return 0
+    names = list(reports[0]["verifiers"])
+    mean = {"optimal": float(np.mean([r["optimal"]["fast"] for r in reports])),
+            "verifiers": {v: float(np.mean([r["verifiers"][v]["acceptance"] for r in reports])) for v in names}}
     if args.json:
-        print(json.dumps(report))
-    else:
-        print(format_report(report, target.size))
+        print(json.dumps({"rows": reports, "mean": mean}))
+        return 0
+    for i, r in enumerate(reports):
+        print(f"== row {i}\n{format_report(r, V)}\n")
+    print(f"== mean over {n} rows: optimum {mean['optimal']:.9f}; "
+          + ", ".join(f"{v} {a:.9f} ({a / mean['optimal']:.4f})" for v, a in mean["verifiers"].items()))
     return 0
+
+
+def _laws_arg(text: str, name: str) -> np.ndarray:
+    if text.endswith(LAW_FILE_SUFFIXES) or os.path.isfile(text):
+        return read_laws(text, name)
+    return parse_law(text, name)[None]
 
 
 def _cmd_certify(args) -> int:
@@ -185,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.required = True
     acc = sub.add_parser("acceptance", help="optimum and verifier acceptances for one (target, draft, k, scheme)")
-    acc.add_argument("--target", required=True, help="target law, comma-separated, e.g. 0.5,0.3,0.2")
-    acc.add_argument("--draft", required=True, help="draft law, comma-separated, same length")
+    acc.add_argument("--target", required=True,
+                     help="target law, comma-separated (e.g. 0.5,0.3,0.2), or a file: .npy, .json, .txt/.csv "
+                          "(one law, or one law per row)")
+    acc.add_argument("--draft", required=True, help="draft law(s), the same way, over the same vocabulary")
     acc.add_argument("-k", type=int, default=2, help="drafts per position (default 2)")
     acc.add_argument(
         "--scheme",
@@ -195,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the k drafts are drawn (default iid)",
     )
     acc.add_argument("--json", action="store_true", help="print one JSON object")
-    acc.add_argument("--max-lp-variables", type=int, default=DEFAULT_MAX_LP_VARIABLES)
+    acc.add_argument("--max-lp-variables", type=int, default=DEFAULT_MAX_LP_VARIABLES,
+                     help="build the LP only up to this many variables (default 2,000,000; the closed forms need none)")
     acc.add_argument("--max-tuples", type=int, default=DEFAULT_MAX_TUPLES, help="cap on enumerated draft tuples")
     acc.set_defaults(func=_cmd_acceptance)
     cert = sub.add_parser(

@@ -19,7 +19,7 @@ def test_json_is_one_object_with_every_applicable_verifier(scheme, capsys):
     assert main([*BASE, "--scheme", scheme, "--json"]) == 0
     out = capsys.readouterr().out
     report = json.loads(out)  # exactly one JSON document
-    assert set(report) == {"scheme", "k", "optimal", "verifiers"}
+    assert set(report) == {"scheme", "k", "V", "optimal", "methods", "verifiers", "skipped"}
     assert report["scheme"] == scheme and report["k"] == 2
     assert abs(report["optimal"]["lp"] - report["optimal"]["fast"]) < 1e-9
     expected = {
@@ -58,11 +58,7 @@ def test_table_output(capsys):
         (["--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "-k", "x"], "invalid int"),
         (["--target", "a,b", "--draft", "0.2,0.2,0.6"], "comma-separated"),
         (["--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--scheme", "beam"], "invalid choice"),
-        (
-            ["--target", ",".join(["0.0625"] * 16), "--draft", ",".join(["0.0625"] * 16), "-k", "4",
-             "--max-lp-variables", "1000"],
-            "variables",
-        ),
+        (["--target", "/nonexistent/t.npy", "--draft", "0.2,0.2,0.6"], "does not exist"),
     ],
 )
 def test_bad_input_one_line_nonzero_no_traceback(args, fragment):
@@ -103,3 +99,69 @@ def test_demo_decodes_with_the_embedded_models():
     assert [r.split("|")[1].strip() for r in rows] == ["autoregressive", "speculative k=1 L=4", "kseq k=4 L=4"]
     for r in rows:
         assert int(r.split("|")[2]) == 8  # every contender emitted its 8 tokens
+
+
+def test_lp_too_large_is_skipped_and_said(capsys):
+    """An LP over --max-lp-variables is not built; the optimum and every verifier but lp_optimal come from
+    closed forms, and the output says which method gave each number."""
+    laws = ",".join(["0.0625"] * 16)
+    assert main(["acceptance", "--target", laws, "--draft", laws, "-k", "4", "--max-lp-variables", "1000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["optimal"]["lp"] is None and "not built" in report["methods"]["lp"]
+    assert abs(report["optimal"]["fast"] - 1.0) < 1e-12
+    assert "lp_optimal" in report["skipped"] and set(report["verifiers"]) == {"kseq", "rrs"}
+
+
+def test_laws_from_files_at_real_vocabulary(tmp_path, capsys):
+    """.npy / .json / .txt laws, one or a batch of rows; at V = 2000 the numbers come from closed forms
+    (which agree with enumeration where both run, checked at V = 3)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    V = 2000
+    t, d = rng.dirichlet(np.full(V, 0.1), size=2), rng.dirichlet(np.full(V, 0.1), size=2)
+    np.save(tmp_path / "t.npy", t)
+    np.save(tmp_path / "d.npy", d)
+    assert main(["acceptance", "--target", str(tmp_path / "t.npy"), "--draft", str(tmp_path / "d.npy"), "-k", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["rows"]) == 2 and out["rows"][0]["V"] == V
+    for row in out["rows"]:
+        assert row["verifiers"]["kseq"]["method"].startswith("closed form")
+        assert row["verifiers"]["kseq"]["acceptance"] <= row["optimal"]["fast"] + 1e-12
+    assert abs(out["mean"]["optimal"] - np.mean([r["optimal"]["fast"] for r in out["rows"]])) < 1e-12
+    small_t, small_d = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
+    (tmp_path / "t.json").write_text(json.dumps(small_t))
+    (tmp_path / "d.txt").write_text("# a draft law\n0.2 0.2 0.6\n")
+    assert main(["acceptance", "--target", str(tmp_path / "t.json"), "--draft", str(tmp_path / "d.txt"), "-k", "2", "--json"]) == 0
+    from_files = json.loads(capsys.readouterr().out)
+    assert main(["acceptance", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "-k", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == from_files
+    from otm.cli import _closed_form_acceptance
+
+    for name, value in from_files["verifiers"].items():
+        if name != "lp_optimal":
+            assert abs(_closed_form_acceptance(name, np.array(small_t), np.array(small_d), 2)[0] - value["acceptance"]) < 1e-12
+
+
+def test_law_files_bad_input(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "three.npy", np.full((3, 4), 0.25))
+    np.save(tmp_path / "two.npy", np.full((2, 4), 0.25))
+    np.save(tmp_path / "cube.npy", np.full((2, 2, 2), 0.25))
+    (tmp_path / "ragged.txt").write_text("0.5 0.5\n0.2 0.3 0.5\n")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "neg.txt").write_text("0.5 0.5\n1.5 -0.5\n")
+    cases = [
+        (["--target", str(tmp_path / "three.npy"), "--draft", str(tmp_path / "two.npy")], "give as many of each"),
+        (["--target", str(tmp_path / "cube.npy"), "--draft", "0.5,0.5"], "shape"),
+        (["--target", str(tmp_path / "ragged.txt"), "--draft", "0.5,0.5"], "different lengths"),
+        (["--target", str(tmp_path / "bad.json"), "--draft", "0.5,0.5"], "not a law"),
+        (["--target", str(tmp_path / "neg.txt"), "--draft", "0.5,0.5"], "target row 1 has a negative mass"),
+        (["--target", str(tmp_path / "three.npy"), "--draft", "0.5,0.5"], "same vocabulary"),
+    ]
+    for args, fragment in cases:
+        proc = run(["acceptance", *args])
+        assert proc.returncode == 2 and proc.stdout == "", (args, proc.stdout)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr, (args, proc.stderr)
