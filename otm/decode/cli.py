@@ -2,7 +2,11 @@
 
     otm decode --prompt "Tell me a story" -k 8 --length 4 --verifier kseq [--scheme iid]
                [--temperature 1 --top-k 0 --top-p 1] [--max-new-tokens 64]
-               [--target PATH --draft PATH] [--seed 0] [--autoregressive]
+               [--target PATH --draft PATH] [--seed 0] [--autoregressive] [--quiet | --json]
+
+In a terminal ``otm decode`` streams the text with the live figures on the bottom line only
+(:mod:`otm.decode.stream`); piped or with ``--quiet`` stdout is the text alone and the figures go to
+stderr; ``--json`` prints one object.
     otm bench-decode [--k 1,2,4,8] [--length 2,4,8] [--verifiers kseq,rrs,rrs_without_replacement]
                      [--max-new-tokens 64] [--prompts 8] [--no-hf]
 
@@ -45,7 +49,7 @@ def _common(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true", help="no live figures / progress bar")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
 
@@ -61,6 +65,9 @@ def register(sub) -> None:
                      help="draft scheme (default: without_replacement for rrs_without_replacement, else iid)")
     dec.add_argument("--autoregressive", action="store_true", help="sample from the target alone (baseline)")
     dec.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    dec.add_argument("--quiet", "-q", action="store_true",
+                     help="stdout: the generated text only; the figures go to stderr (the default when piped)")
+    dec.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, stats")
     _common(dec)
     dec.set_defaults(func=cmd_decode)
 
@@ -93,6 +100,9 @@ def _load(args):
             raise OtmError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Loading weights" bars would sit above the streamed text
     dtype = getattr(torch, args.dtype)
     return load_pair(args.target, args.draft, dtype=dtype, device=args.device)
 
@@ -114,23 +124,34 @@ def cmd_decode(args) -> int:
         raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     target, draft, tokenizer = _load(args)
     ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
-    from tqdm import tqdm
+    import json
+    import time
 
-    bar = tqdm(total=args.max_new_tokens, disable=args.no_progress, file=sys.stderr, unit="tok", leave=False)
+    from .stream import PlainView, SilentView, TerminalView, json_result
+
+    if args.json:
+        view = SilentView()
+    elif args.quiet or not sys.stdout.isatty():
+        view = PlainView(sys.stdout)  # stdout: the generated text only; the figures go to stderr
+    else:
+        view = TerminalView(sys.stdout)
+    live = isinstance(view, TerminalView) and not args.no_progress
     tokens: list[int] = []
     shown = [""]
     steps = [0]
+    start = time.perf_counter()
 
     def stream(new: list[int]) -> None:  # called once per step, i.e. once per target call
         tokens.extend(new)
         steps[0] += 1
-        bar.set_postfix_str(f"{len(tokens) / steps[0]:.2f} tokens per target call", refresh=False)
         text = tokenizer.decode(tokens, skip_special_tokens=True)
-        if text.startswith(shown[0]):  # print what is new (a merge may rewrite the tail: wait for it)
-            sys.stdout.write(text[len(shown[0]) :])
-            sys.stdout.flush()
+        if text.startswith(shown[0]):  # show what is new (a merge may rewrite the tail: wait for it)
+            view.feed(text[len(shown[0]) :])
             shown[0] = text
-        bar.update(len(new))
+        if live:
+            rate = len(tokens) / max(time.perf_counter() - start, 1e-9)
+            view.status(f"{len(tokens)}/{args.max_new_tokens} tokens, {len(tokens) / steps[0]:.2f} per target call, "
+                        f"{rate:.1f} tokens/s")
 
     eos = tokenizer.eos_token_id
     if args.autoregressive:
@@ -140,12 +161,16 @@ def cmd_decode(args) -> int:
         g = speculative_decode(target, draft, ids, k=args.k, length=args.length, verifier=args.verifier, scheme=scheme,
                                sampling=sampling, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
                                seed=args.seed, on_tokens=stream)
-    bar.close()
     final = tokenizer.decode(tokens, skip_special_tokens=True)
     if final.startswith(shown[0]):
-        sys.stdout.write(final[len(shown[0]) :])
-    print()
-    print(g.stats.summary())
+        view.feed(final[len(shown[0]) :])
+    view.close()
+    if args.json:
+        print(json.dumps(json_result(final, tokens, g.stats)))
+    elif isinstance(view, TerminalView):
+        print(g.stats.summary())
+    else:
+        print(g.stats.summary(), file=sys.stderr)
     return 0
 
 
