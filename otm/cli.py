@@ -228,13 +228,11 @@ def _cmd_certify(args) -> int:
     rule = load_rule(args.rule)
     target = parse_law(args.target, "target") if args.target is not None else None
     draft = parse_law(args.draft, "draft") if args.draft is not None else None
-    extra = {"length": args.length} if args.kind == "decoder" else {}
     if args.kind != "decoder" and args.length is not None:
         raise OtmError("--length applies to --kind decoder only")
     if args.kind == "decoder" and (target is not None or draft is not None):
         raise OtmError("--target/--draft apply to token-level kinds (law, sampler, torch), not to --kind decoder")
-    if extra.get("length") is None:
-        extra.pop("length", None)
+    extra = {"length": args.length} if args.length is not None else {}
     progress = not args.json and not args.no_progress and sys.stderr.isatty()
     report = certify(rule, kind=args.kind, scheme=args.scheme, k=args.k, tv=args.tv, alpha=args.alpha, seed=args.seed,
                      target=target, draft=draft, examples=args.examples, progress=progress, name=args.rule, **extra)
@@ -337,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--scheme", default="iid", choices=["iid", "without_replacement", "greedy", "spechub", "top"],
                       help="how the k drafts are drawn (default iid)")
     cert.add_argument("-k", type=int, default=2, help="drafts per position (default 2)")
-    cert.add_argument("--tv", type=float, default=0.01,
-                      help="statistical kinds: total variation detected with power >= 0.99 (default 0.01)")
+    cert.add_argument("--tv", type=float, default=None,
+                      help="statistical kinds: total variation detected with power >= 0.99 (default 0.01; decoder 0.05)")
     cert.add_argument("--alpha", type=float, default=1e-3,
                       help="statistical kinds: chance of refuting a valid rule (default 0.001)")
     cert.add_argument("--seed", type=int, default=0, help="seed of the draws and of the search (default 0)")

@@ -1,26 +1,33 @@
 """Tests of otm.decode: tree mask, exact sequence law end to end, transformers' sampler, bad input.
 
+Exact tests run the REAL decoder in its exact mode (``otm.decode.exact.exact_decode``: every
+random choice through the decoder's one door, enumerated) and compare the law of the first T
+tokens with the target's own law (plain enumeration of its processed laws) to 1e-12.
+
 Statistical tests draw N decoder runs of T = 3 new tokens from a fixed prompt and compare the
-counts of the T-token continuations with the target's exact law (enumerated) by
-``otm.testing.chi2_gof`` at alpha = 1e-3. Their power is computed exactly, against the exact law
-of a broken decoder (``otm.decode.exact.decoder_law`` with the broken rule), and asserted; the
-broken decoder itself is run through the same test as a negative control and must be rejected.
+counts of the T-token continuations with the target's exact law by ``otm.testing.chi2_gof`` at
+alpha = 1e-3. Their power is computed exactly against a realistic planted decoder bug (the law of
+row 0 given to the verifier at every node, TV 0.03-0.15 here; ``otm.certify.decoder_mutants``),
+whose exact law comes from the exact mode of the broken decoder, and asserted; the broken decoder
+itself runs through the same test as a negative control and must be rejected.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import otm.torch as ot
 from otm.decode import DraftTree, Sampling, autoregressive_decode, next_token_laws, speculative_decode, tree_inputs
-from otm.decode.exact import as_vectors, decoder_law, target_law
+from otm.certify.decoder_mutants import DECODER_MUTANTS
+from otm.decode.exact import as_vectors, exact_decode_law, law_error, target_law
+from otm.decode.toy import ToyLM, model_law
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
 from otm.verifiers import kseq, rrs, rrs_without_replacement, speculative
@@ -41,46 +48,6 @@ def one_thread():
 # -- models -------------------------------------------------------------------------------
 
 
-class ToyLM(torch.nn.Module):
-    """A toy causal LM with the transformers interface the decoder uses (cache, 4D mask, positions).
-
-    The logits of a query are ``table[token, previous, position % 2]``: ``previous`` is the
-    token the query attends to at the largest position before its own (``V`` for none), so the
-    model depends on the prefix through the attention mask and the positions exactly as a
-    transformer does: a mask that lets a node see a cousin, or a wrong position, changes its law.
-    The cache stores (token, position) pairs in a ``DynamicCache`` (crop, batch_repeat_interleave,
-    batch_select_indices work as for a real model).
-    """
-
-    def __init__(self, V: int, seed: int, scale: float = 1.5):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.table = torch.nn.Parameter(torch.randn(V, V + 1, 2, V, generator=g) * scale, requires_grad=False)
-        self.config = SimpleNamespace(vocab_size=V)
-        self.V = V
-
-    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=True):
-        b, q = input_ids.shape
-        cache = DynamicCache() if past_key_values is None else past_key_values
-        past = cache.get_seq_length()
-        if position_ids is None:
-            position_ids = (past + torch.arange(q))[None].expand(b, q)
-        new = torch.stack([input_ids, position_ids], -1).to(torch.float32)[:, None]  # [b, 1, q, 2]
-        keys, _ = cache.update(new, new, 0)  # [b, 1, S, 2]
-        tok, pos = keys[:, 0, :, 0].long(), keys[:, 0, :, 1].long()  # [b, S]
-        S = tok.shape[1]
-        if attention_mask is None:
-            allowed = torch.arange(S)[None, None, :] <= (past + torch.arange(q))[None, :, None]  # [1, q, S]
-        else:
-            allowed = attention_mask[:, 0] == 0  # [b or 1, q, S]
-        before = allowed & (pos[:, None, :] < position_ids[:, :, None])  # [b, q, S]
-        score = torch.where(before, pos[:, None, :], torch.full_like(before, -1, dtype=torch.long))  # [b, q, S]
-        best = score.argmax(-1)  # [b, q]
-        prev = torch.where(score.amax(-1) >= 0, tok.gather(1, best), torch.full_like(best, self.V))  # [b, q]
-        logits = self.table[input_ids, prev, position_ids % 2]  # [b, q, V]
-        return SimpleNamespace(logits=logits, past_key_values=cache)
-
-
 def tiny_llama(seed: int, V: int = 6, scale: float = 0.02, attn: str = "sdpa") -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
@@ -89,20 +56,6 @@ def tiny_llama(seed: int, V: int = 6, scale: float = 0.02, attn: str = "sdpa") -
         bos_token_id=None, eos_token_id=None, pad_token_id=None,  # no EOS: generate() runs max_new_tokens
     )
     return LlamaForCausalLM(cfg).eval()
-
-
-def model_law(model, prompt, sampling: Sampling):
-    """prefix -> the model's processed next-token law after prompt + prefix (plain forward, float64)."""
-    memo = {}
-
-    def law(prefix: tuple) -> np.ndarray:
-        if prefix not in memo:
-            with torch.inference_mode():
-                logits = model(input_ids=torch.tensor([list(prompt) + list(prefix)])).logits[:, -1]
-            memo[prefix] = next_token_laws(logits, sampling, dtype=torch.float64)[0].numpy()
-        return memo[prefix]
-
-    return law
 
 
 def run_counts(target, draft, prompt, n, *, T=3, seed=0, **kw) -> Counter:
@@ -154,6 +107,17 @@ def naive_torch(target, draft, drafts, *, generator=None, validate=True, uniform
     return ot.Verified(torch.tensor([y]), torch.tensor([ot.NOT_ACCEPTED]))
 
 
+naive_torch.law = naive_law  # its exact law, for the decoder's exact mode
+
+
+def rrs_torch_on_distinct(target, draft, drafts, *, generator=None, validate=True, uniforms=None):
+    """RRS with replacement run on drafts drawn without replacement (invalid there), with its exact law."""
+    return ot.rrs(target, draft, drafts, generator=generator, validate=validate, uniforms=uniforms)
+
+
+rrs_torch_on_distinct.law = rrs.law
+
+
 # -- (a) tree mask ---------------------------------------------------------------------------
 
 
@@ -203,94 +167,140 @@ def test_toy_model_reads_the_tree_like_a_transformer():
             assert torch.equal(logits[node], plain)
 
 
-# -- (b) exact law ------------------------------------------------------------------------------
+# -- (b) exact law, by the decoder's own code ----------------------------------------------------------
 
-V, T, K, L = 4, 3, 3, 2
-PROMPT = [0, 2]
-SAMPLING = Sampling(temperature=0.9, top_k=3)  # zero-probability tokens in both laws
-TARGET, DRAFT = ToyLM(V, seed=11), ToyLM(V, seed=12)
-N = 1500  # runs per sequence-law test
-N_CONTROL = 1000  # runs per negative control
-
-
-def exact_laws(sampling=SAMPLING, eos=None):
-    t, d = model_law(TARGET, PROMPT, sampling), model_law(DRAFT, PROMPT, sampling)
-    return t, d, target_law(t, T, eos=eos)
+EXACT_SAMPLING = Sampling(temperature=0.9, top_k=2)  # V = 3: every law has a zero
+EX_TARGET, EX_DRAFT, EX_PROMPT, EX_T = ToyLM(3, seed=11), ToyLM(3, seed=12), [0, 2], 3
+VALID = [("kseq", "iid", 2), ("kseq", "iid", 3), ("rrs", "iid", 2), ("rrs", "iid", 3), ("speculative", "iid", 1),
+         ("rrs_without_replacement", "without_replacement", 2),
+         ("rrs_without_replacement", "without_replacement", 3)]  # k = 3 > the 2 tokens top-k leaves: k cut to 2
 
 
-def test_exact_decoder_law_equals_target_law_for_every_valid_rule():
-    """Theorem 2 by enumeration: the decoder's steps with each valid rule give the target's T-token
-    law to 1e-12 (otm.decode.exact follows the decoder's walk); the broken rules do not."""
-    t, d, law = exact_laws()
-    cases = [
-        (kseq.law, "iid", K), (rrs.law, "iid", K), (speculative.law, "iid", 1),
-        (rrs_without_replacement.law, "without_replacement", K), (rrs_without_replacement.law, "without_replacement", V),
-    ]
-    for rule, scheme, k in cases:
-        for length in (1, 2, 3):
-            _, a, b = as_vectors(law, decoder_law(t, d, T=T, k=k, length=length, rule=rule, scheme=scheme))
-            assert np.abs(a - b).max() < 1e-12, (rule.__module__, scheme, k, length)
-    for rule, scheme in ((naive_law, "iid"), (rrs.law, "without_replacement")):
-        _, a, b = as_vectors(law, decoder_law(t, d, T=T, k=K, length=L, rule=rule, scheme=scheme))
-        assert np.abs(a - b).max() > 1e-2
+def ex_reference(sampling=EXACT_SAMPLING, eos=None, target=EX_TARGET, prompt=EX_PROMPT):
+    return target_law(model_law(target, prompt, sampling), EX_T, eos=eos)
 
 
-def _power(rule, scheme, n=N):
-    t, d, law = exact_laws()
-    _, p0, p1 = as_vectors(law, decoder_law(t, d, T=T, k=K, length=L, rule=rule, scheme=scheme))
-    return chi2_power(n, p0, p1, alpha=ALPHA)
+@pytest.mark.parametrize("verifier,scheme,k", VALID)
+@pytest.mark.parametrize("rollback", ["gather", "refeed"])
+def test_exact_mode_of_the_real_decoder_gives_the_target_law(verifier, scheme, k, rollback):
+    """Theorem 2 by the decoder's own code: every run of speculative_decode enumerated (draft tokens,
+    verification outcomes from the verifier's exact law, bonus tokens); the law of the first T = 3
+    tokens equals the target's to 1e-12 for L = 1, 2, 3 (L cut to T - 1 near the end)."""
+    reference = ex_reference()
+    for length in (1, 2, 3):
+        law = exact_decode_law(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=EX_T, k=k, length=length,
+                               verifier=verifier, scheme=scheme, sampling=EXACT_SAMPLING, target_rollback=rollback)
+        assert law_error(law, reference) < 1e-12, (verifier, scheme, k, length, rollback)
+        assert abs(sum(law.values()) - 1) < 1e-12
+
+
+def test_exact_mode_eos_top_p_and_autoregressive():
+    """EOS (token 1) ends a sequence early; top-p 0.8; the autoregressive baseline through the same door."""
+    sampling = Sampling(temperature=1.0, top_p=0.8)
+    reference = ex_reference(sampling, eos=1)
+    assert any(len(c) < EX_T for c in reference)
+    law = exact_decode_law(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=EX_T, k=2, length=2, verifier="kseq",
+                           sampling=sampling, eos_token_id=1)
+    assert law_error(law, reference) < 1e-12
+    law = exact_decode_law(EX_TARGET, None, EX_PROMPT, max_new_tokens=EX_T, sampling=EXACT_SAMPLING)
+    assert law_error(law, ex_reference()) < 1e-12
+
+
+def test_exact_mode_catches_broken_rules_and_every_planted_decoder_bug():
+    """The naive rule, RRS with replacement on distinct drafts, and each decoder mutant of the catalogue
+    (wrong row law, raw draft law, stale target cache, refeed without truncation, bonus from the parent,
+    positions off by one) change the exact law; the one mutant that only lowers acceptance does not."""
+    from otm.certify.decoder_mutants import NOT_EXACTNESS_BUGS, exact_tv
+
+    reference = ex_reference()
+    law = exact_decode_law(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=EX_T, k=2, length=2, verifier=naive_torch,
+                           sampling=EXACT_SAMPLING)
+    assert law_error(law, reference) > 1e-3
+    full = Sampling(temperature=0.9)  # three tokens of positive mass: two distinct drafts are not all of them
+    law = exact_decode_law(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=2, k=2, length=1,
+                           verifier=rrs_torch_on_distinct, scheme="without_replacement", sampling=full)
+    assert law_error(law, target_law(model_law(EX_TARGET, EX_PROMPT, full), 2)) > 1e-3
+    for mutant in DECODER_MUTANTS.values():
+        assert exact_tv(mutant) > 1e-3, mutant.name
+    for mutant in NOT_EXACTNESS_BUGS.values():
+        assert exact_tv(mutant) < 1e-12, mutant.name
+
+
+def test_exact_mode_refuses_what_it_cannot_enumerate():
+    from otm.decode.exact import exact_decode
+
+    def opaque(target, draft, drafts, *, generator=None, validate=True):
+        return ot.kseq(target, draft, drafts, generator=generator, validate=validate)
+
+    for kwargs, words in ((dict(verifier=opaque), "exact law"), (dict(seed=0), "do not pass"),
+                          (dict(law_dtype=torch.float32), "float64"), (dict(max_runs=10), "max_runs")):
+        with pytest.raises(OtmError) as err:
+            exact_decode(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=EX_T, k=2, length=2,
+                         sampling=EXACT_SAMPLING, **kwargs)
+        assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# -- (b') statistical, with power against a realistic bug --------------------------------------------
+
+FS_SAMPLING = Sampling(temperature=0.9)  # V = 2, full support: the wrong row's law never has a zero
+FS_TARGET, FS_DRAFT, FS_PROMPT, T = ToyLM(2, seed=11), ToyLM(2, seed=12), [0, 0], 3
+STAT = {  # verifier, scheme, k, runs: power >= 0.99 against the wrong-row bug at these N (asserted)
+    "kseq": ("iid", 3, 2000), "rrs": ("iid", 3, 3000), "rrs_without_replacement": ("without_replacement", 2, 1000),
+}
+L = 2
+
+
+def wrong_row_law(verifier, scheme, k):
+    """Exact law of the decoder with the verifier at every node given row 0's draft law."""
+    with DECODER_MUTANTS["wrong_row_law"].plant():
+        return exact_decode_law(FS_TARGET, FS_DRAFT, FS_PROMPT, max_new_tokens=T, k=k, length=L, verifier=verifier,
+                                scheme=scheme, sampling=FS_SAMPLING)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "verifier,scheme,k",
-    [
-        ("kseq", "iid", K), ("rrs", "iid", K), ("speculative", "iid", 1), ("rrs_without_replacement", "without_replacement", K),
-        ("rrs_without_replacement", "without_replacement", V),  # k = 4 > the 3 tokens top-k leaves: k cut to 3
-    ],
-)
-def test_sequence_law_of_decoder_is_target_law(verifier, scheme, k):
-    """N = 1500 runs of T = 3 tokens (V = 4, k = 3, L = 2, temperature 0.9, top-k 3) against the
-    exact target law (27 cells), chi-square at alpha = 1e-3. Power against the naive rule (iid
-    schemes; total variation 0.35 from the target) or against RRS with replacement on drafts drawn
-    without replacement (TV 0.17): asserted >= 0.99, computed exactly from the broken decoders'
-    exact laws (1 - 1e-12 or closer for both at this N)."""
-    broken = naive_law if scheme == "iid" else rrs.law
-    assert _power(broken, scheme) >= MIN_POWER
-    _, _, law = exact_laws()
-    counts = run_counts(TARGET, DRAFT, PROMPT, N, k=k, length=L, verifier=verifier, scheme=scheme, sampling=SAMPLING, seed=1)
-    result = gof(counts, law)
+@pytest.mark.parametrize("verifier", sorted(STAT))
+def test_sequence_law_of_decoder_is_target_law(verifier):
+    """N runs of T = 3 tokens (V = 2, temperature 0.9, L = 2) against the target's exact law (8 cells),
+    chi-square at alpha = 1e-3. Power against the wrong-row bug (TV 0.07 for K-SEQ k = 3, 0.15 for RRS
+    without replacement), computed exactly from the broken decoder's exact law, asserted >= 0.99; the
+    broken decoder run through the same test must be rejected (negative control)."""
+    scheme, k, n = STAT[verifier]
+    reference = target_law(model_law(FS_TARGET, FS_PROMPT, FS_SAMPLING), T)
+    broken = wrong_row_law(verifier, scheme, k)
+    _, p0, p1 = as_vectors(reference, broken)
+    assert 0.01 < 0.5 * np.abs(p0 - p1).sum() < 0.2  # a realistic, small bug
+    assert chi2_power(n, p0, p1, alpha=ALPHA) >= MIN_POWER
+    counts = run_counts(FS_TARGET, FS_DRAFT, FS_PROMPT, n, k=k, length=L, verifier=verifier, scheme=scheme,
+                        sampling=FS_SAMPLING, seed=1)
+    result = gof(counts, reference)
     assert not result.reject, str(result)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("rule,scheme", [(naive_torch, "iid"), (ot.rrs, "without_replacement")])
-def test_negative_control_broken_rule_is_rejected(rule, scheme):
-    """The same test (N = 1000, alpha = 1e-3; exact power >= 0.99, asserted) rejects the naive rule
-    on iid drafts and RRS with replacement on drafts drawn without replacement."""
-    assert _power(naive_law if scheme == "iid" else rrs.law, scheme, N_CONTROL) >= MIN_POWER
-    _, _, law = exact_laws()
-    counts = run_counts(TARGET, DRAFT, PROMPT, N_CONTROL, k=K, length=L, verifier=rule, scheme=scheme, sampling=SAMPLING, seed=2)
-    result = gof(counts, law)
-    assert result.reject, str(result)
+    with DECODER_MUTANTS["wrong_row_law"].plant():
+        control = gof(run_counts(FS_TARGET, FS_DRAFT, FS_PROMPT, n, k=k, length=L, verifier=verifier, scheme=scheme,
+                                 sampling=FS_SAMPLING, seed=2), reference)
+    assert control.reject, str(control)
 
 
 @pytest.mark.slow
 def test_autoregressive_baseline_and_eos_law():
-    """Autoregressive baseline and a K-SEQ run that stops at EOS (token 3), top-p 0.8: sequences of
-    length <= 3 against the exact law with EOS absorbing; N = 1000 each, alpha = 1e-3; power of the
-    EOS test against the naive rule >= 0.99 (exact, asserted)."""
+    """Autoregressive baseline and a K-SEQ run that stops at EOS (token 1), top-p 0.8 (V = 3): sequences
+    of length <= 3 against the exact law with EOS absorbing; N = 1000 each, alpha = 1e-3; power of the
+    EOS test against the naive rule (its exact law from the exact mode) >= 0.99, asserted."""
     sampling = Sampling(temperature=1.0, top_p=0.8)
-    t, d, law = exact_laws(sampling, eos=3)
-    _, p0, p1 = as_vectors(law, decoder_law(t, d, T=T, k=K, length=L, rule=naive_law, eos=3))
+    reference = ex_reference(sampling, eos=1)
+    naive = exact_decode_law(EX_TARGET, EX_DRAFT, EX_PROMPT, max_new_tokens=EX_T, k=3, length=2, verifier=naive_torch,
+                             sampling=sampling, eos_token_id=1)
+    _, p0, p1 = as_vectors(reference, naive)
     assert chi2_power(1000, p0, p1, alpha=ALPHA) >= MIN_POWER
-    counts = run_counts(TARGET, DRAFT, PROMPT, 1000, k=K, length=L, verifier="kseq", sampling=sampling, eos_token_id=3, seed=3)
-    assert any(len(c) < T for c in counts)
-    result = gof(counts, law)
+    counts = run_counts(EX_TARGET, EX_DRAFT, EX_PROMPT, 1000, T=EX_T, k=3, length=2, verifier="kseq",
+                        sampling=sampling, eos_token_id=1, seed=3)
+    assert any(len(c) < EX_T for c in counts)
+    result = gof(counts, reference)
     assert not result.reject, str(result)
-    _, _, law = exact_laws()
-    result = gof(run_counts(TARGET, None, PROMPT, 1000, sampling=SAMPLING, seed=4), law)
+    result = gof(run_counts(EX_TARGET, None, EX_PROMPT, 1000, T=EX_T, sampling=EXACT_SAMPLING, seed=4), ex_reference())
     assert not result.reject, str(result)
+    control = gof(run_counts(EX_TARGET, EX_DRAFT, EX_PROMPT, 1000, T=EX_T, k=3, length=2, verifier=naive_torch,
+                             sampling=sampling, eos_token_id=1, seed=5), reference)
+    assert control.reject, str(control)
 
 
 # -- rollback and baselines --------------------------------------------------------------------
@@ -431,12 +441,14 @@ def test_cli_decode_and_bench_on_tiny_models(tmp_path, capsys):
     target, draft = _save_pair(tmp_path)
     models = ["--target", target, "--draft", draft, "--no-progress", "--max-new-tokens", "6"]
     assert main(["decode", "--prompt", "a b c", "-k", "3", "--length", "2", "--verifier", "kseq", *models]) == 0
-    out = capsys.readouterr().out
-    assert "kseq iid k=3 L=2" in out and "block efficiency" in out
+    captured = capsys.readouterr()  # not a terminal: the text on stdout, the measurements on stderr
+    assert "kseq iid k=3 L=2" in captured.err and "block efficiency" in captured.err
+    assert len(captured.out.split()) == 6 and "block efficiency" not in captured.out
     assert main(["decode", "--prompt", "a b", "--verifier", "rrs_without_replacement", "-k", "2", *models]) == 0
-    assert "rrs_without_replacement without_replacement" in capsys.readouterr().out
-    assert main(["decode", "--prompt", "a b", "--autoregressive", *models]) == 0
-    assert "autoregressive" in capsys.readouterr().out
+    assert "rrs_without_replacement without_replacement" in capsys.readouterr().err
+    assert main(["decode", "--prompt", "a b", "--autoregressive", *models, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == "autoregressive" and len(out["tokens"]) == 6
     assert main(["bench-decode", "--k", "1,2", "--length", "2", "--verifiers", "kseq,rrs_without_replacement",
                  "--prompts", "2", *models]) == 0
     out = capsys.readouterr().out

@@ -19,16 +19,16 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from otm.decode import Sampling, next_token_laws, speculative_decode
 from otm.decode import decoder as dec
-from otm.decode.exact import as_vectors, decoder_law, target_law
+from otm.decode.exact import as_vectors, exact_decode_law, law_error, target_law
+from otm.decode.toy import model_law
 from otm.feature_draft import (
     FeatureDraft, build_feature_draft, is_feature_draft, load_feature_draft, save_feature_draft, shifted_features,
     target_features,
 )
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
-from otm.verifiers import kseq, rrs, rrs_without_replacement, speculative
 
-from test_decode import naive_law, naive_torch, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_decode import naive_torch, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 ALPHA = 1e-3
 
@@ -93,7 +93,8 @@ def test_decoder_draws_from_the_feature_drafts_laws(monkeypatch, rollback, verif
     original = dec._Decoder.draft_rows
 
     def recording(self, L):
-        rows, row_laws, context = original(self, L)
+        out = original(self, L)
+        rows, row_laws = out.rows, out.laws
         committed = prompt + emitted
         for t, laws in enumerate(row_laws):
             for j in range(laws.shape[0]):
@@ -101,7 +102,7 @@ def test_decoder_draws_from_the_feature_drafts_laws(monkeypatch, rollback, verif
                 ref = reference_law(target, draft, committed, drafted, sampling)
                 assert np.abs(laws[j].numpy() - ref).max() < 1e-5, (committed, drafted)
                 checked.append(1)
-        return rows, row_laws, context
+        return out
 
     monkeypatch.setattr(dec._Decoder, "draft_rows", recording)
     out = speculative_decode(target, draft, prompt, k=k, length=length, verifier=verifier, scheme=scheme,
@@ -123,51 +124,35 @@ def test_first_step_drafts_nothing_and_later_steps_draft():
     assert s.verified_by_depth[0] in (s.steps - 1, s.steps - 2) and max(sizes) > 1
 
 
-# -- exact law -----------------------------------------------------------------------------------
+# -- exact law, by the decoder's own code ----------------------------------------------------------
 
-V, T, K, L = 4, 3, 3, 2
+V, T, K, L = 3, 3, 2, 2
 PROMPT = [0, 2, 1]
-SAMPLING = Sampling(temperature=0.9, top_k=3)  # zero-probability tokens in both laws
+SAMPLING = Sampling(temperature=0.9, top_k=2)  # zero-probability tokens in both laws
 N, N_CONTROL = 1500, 1000
+TARGET, DRAFT = (m.to(torch.float64) for m in tiny_pair(8, V=V, scale=0.3))  # float64: tree and plain forwards agree to 1e-15
 
 
-def _laws():
-    target, draft = tiny_pair(8, V=V, scale=0.3)
-    memo_t, memo_d = {}, {}
-
-    def t_law(prefix):
-        if prefix not in memo_t:
-            with torch.inference_mode():
-                logits = target(input_ids=torch.tensor([PROMPT + list(prefix)])).logits[:, -1]
-            memo_t[prefix] = next_token_laws(logits, SAMPLING, dtype=torch.float64)[0].numpy()
-        return memo_t[prefix]
-
-    def d_law(prefix, depth):
-        key = (prefix, depth)
-        if key not in memo_d:
-            cut = len(prefix) - depth
-            memo_d[key] = reference_law(target, draft, PROMPT + list(prefix[:cut]), list(prefix[cut:]), SAMPLING)
-        return memo_d[key]
-
-    return target, draft, t_law, d_law
+def reference():
+    return target_law(model_law(TARGET, PROMPT, SAMPLING), T)
 
 
-TARGET, DRAFT, T_LAW, D_LAW = _laws()
+def exact(verifier, scheme="iid", k=K, length=L):
+    with torch.inference_mode():
+        return exact_decode_law(TARGET, DRAFT, PROMPT, max_new_tokens=T, k=k, length=length, verifier=verifier,
+                                scheme=scheme, sampling=SAMPLING)
 
 
 def test_exact_decoder_law_with_feature_draft_is_target_law():
-    """Enumeration of the decoder with the feature draft's laws (first step without drafts, the
-    draft's law depending on the in-step depth): every valid rule gives the target's T-token law
-    to 1e-12; the naive rule does not."""
-    law = target_law(T_LAW, T)
-    for rule, scheme, k in ((kseq.law, "iid", K), (rrs.law, "iid", K), (speculative.law, "iid", 1),
-                            (rrs_without_replacement.law, "without_replacement", K)):
+    """The real decoder with the feature draft (first step without drafts, guessed features inside a
+    chain, true features re-fed after verification), every run enumerated by its exact mode: every
+    valid rule gives the target's T-token law to 1e-12; the naive rule does not."""
+    law = reference()
+    for verifier, scheme, k in (("kseq", "iid", K), ("rrs", "iid", K), ("speculative", "iid", 1),
+                                ("rrs_without_replacement", "without_replacement", K)):
         for length in (1, 2):
-            _, a, b = as_vectors(law, decoder_law(T_LAW, D_LAW, T=T, k=k, length=length, rule=rule, scheme=scheme,
-                                                  feature_draft=True))
-            assert np.abs(a - b).max() < 1e-12
-    _, a, b = as_vectors(law, decoder_law(T_LAW, D_LAW, T=T, k=K, length=L, rule=naive_law, feature_draft=True))
-    assert np.abs(a - b).max() > 1e-2
+            assert law_error(exact(verifier, scheme, k, length), law) < 1e-12, (verifier, length)
+    assert law_error(exact(naive_torch), law) > 1e-2
 
 
 def _runs(n, verifier, seed):
@@ -187,13 +172,12 @@ def _gof(counts, law):
 
 @pytest.mark.slow
 def test_sequence_law_with_feature_draft_and_negative_control():
-    """K-SEQ (k = 3, L = 2) with the feature draft: N = 1500 runs of T = 3 tokens against the
-    target's exact law (V = 4, top-k 3: 27 cells), chi-square at alpha = 1e-3. The power against
-    the naive rule (total variation 0.28 from the target), computed exactly from that broken
-    decoder's law, is asserted >= 0.99 at
-    N = 1000, and the naive rule run through the same test (N = 1000) is rejected."""
-    law = target_law(T_LAW, T)
-    _, p0, p1 = as_vectors(law, decoder_law(T_LAW, D_LAW, T=T, k=K, length=L, rule=naive_law, feature_draft=True))
+    """K-SEQ (k = 2, L = 2) with the feature draft: N = 1500 runs of T = 3 tokens against the target's
+    exact law (V = 3, top-k 2: 8 cells), chi-square at alpha = 1e-3. The power against the naive rule,
+    computed exactly from that broken decoder's law (exact mode), is asserted >= 0.99 at N = 1000, and
+    the naive rule run through the same test (N = 1000) is rejected."""
+    law = reference()
+    _, p0, p1 = as_vectors(law, exact(naive_torch))
     assert chi2_power(N_CONTROL, p0, p1, alpha=ALPHA) >= 0.99
     result = _gof(_runs(N, "kseq", seed=1), law)
     assert not result.reject, str(result)
@@ -256,7 +240,7 @@ def test_cli_decode_and_bench_with_a_feature_draft(tmp_path, capsys):
     save_feature_draft(build_feature_draft(target, seed=1), tmp_path / "fd")
     common = ["--target", target_dir, "--draft", str(tmp_path / "fd"), "--no-progress", "--max-new-tokens", "6"]
     assert main(["decode", "--prompt", "a b c", "-k", "3", "--length", "2", *common]) == 0
-    assert "kseq iid k=3 L=2" in capsys.readouterr().out
+    assert "kseq iid k=3 L=2" in capsys.readouterr().err  # not a terminal: the measurements go to stderr
     assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1",
                  "--peer-draft", plain_dir, *common]) == 0
     out = capsys.readouterr().out

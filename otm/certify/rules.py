@@ -533,7 +533,7 @@ def certify(
     kind: str,
     scheme: str = "iid",
     k: int = 2,
-    tv: float = DEFAULT_TV,
+    tv: float | None = None,
     alpha: float = DEFAULT_ALPHA,
     seed: int = 0,
     target=None,
@@ -552,7 +552,8 @@ def certify(
     kind : ``"law"``, ``"sampler"``, ``"torch"`` or ``"decoder"``.
     scheme : how the drafts are drawn: one of :data:`otm.certify.bank.CERTIFY_SCHEMES`.
     k : drafts per position, >= 1.
-    tv : statistical kinds: the total variation detected with power >= 0.99 on every case.
+    tv : statistical kinds: the total variation detected with power >= 0.99 on every case (default
+        :data:`DEFAULT_TV`; 0.05 for ``decoder``, whose runs cost milliseconds each).
     alpha : statistical kinds: family-wise level (chance of refuting a valid rule).
     seed : randomness of the draws and of the hypothesis search.
     target, draft : check this one pair instead of the bank (what ``Report.command`` re-runs).
@@ -572,10 +573,11 @@ def certify(
     check_signature(rule, kind)
     name = name or rule_name(rule)
     if kind == "decoder":
-        from .decoder import certify_decoder
+        from .decoder import DEFAULT_DECODER_TV, certify_decoder
 
-        return certify_decoder(rule, scheme=scheme, k=k, tv=tv, alpha=alpha, seed=seed, progress=progress,
-                               name=name, **decoder_options)
+        return certify_decoder(rule, scheme=scheme, k=k, tv=DEFAULT_DECODER_TV if tv is None else tv, alpha=alpha,
+                               seed=seed, progress=progress, name=name, **decoder_options)
+    tv = DEFAULT_TV if tv is None else tv
     if decoder_options:
         raise OtmError(f"options {', '.join(sorted(decoder_options))} apply to --kind decoder only")
     if scheme not in CERTIFY_SCHEMES:

@@ -61,6 +61,7 @@ import torch
 
 from .. import torch as ot
 from ..laws import OtmError
+from .chance import Chance, Sampled
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
 
@@ -328,11 +329,21 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
 # -- the decoder ------------------------------------------------------------------------
 
 
+@dataclass
+class _Drafts:
+    """The draft rows of one step and the laws they were drawn from."""
+
+    rows: torch.Tensor  # [k', L] int64: row j's tokens 1..L
+    laws: list[torch.Tensor]  # laws[0] [1, V] = q(.|c); laws[t] [k', V]: the law row j's token t was drawn from
+    logits: list[torch.Tensor]  # the draft logits each law was processed from (same shapes; the raw law of peers' bug #47932)
+    context: int  # draft cache length before the rows (|c|)
+
+
 class _Decoder:
     """State of one decoding run: both runners (model + cache), pending tokens, randomness, stats."""
 
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
-                 generator, law_dtype, validate, method, target_rollback="gather"):
+                 chance: Chance, law_dtype, method, target_rollback="gather"):
         self.target = _Runner(target, "target")
         # a feature draft (EAGLE) reads the target's features: the head inputs of each target pass
         self.features = draft is not None and _is_feature_draft(draft)
@@ -343,9 +354,9 @@ class _Decoder:
         self.tree_features = self.prompt_features = None
         self.k, self.L, self.scheme = k, length, scheme
         self.root_verifier, self.deep_verifier = verifier
-        self.sampling, self.law_dtype, self.validate = sampling, law_dtype, validate
+        self.sampling, self.law_dtype = sampling, law_dtype
         self.max_new, self.eos = max_new_tokens, eos
-        self.gen = generator
+        self.chance = chance  # every random choice goes through it (otm.decode.chance)
         self.target_rollback = target_rollback
         self.pending_target = list(prompt)  # committed tokens not in the target cache (last = root)
         self.pending_draft = list(prompt)  # committed tokens not in the draft cache
@@ -365,31 +376,31 @@ class _Decoder:
         return next_token_laws(logits, self.sampling, dtype=self.law_dtype)
 
     # 1. drafting ---------------------------------------------------------------------------
-    def draft_rows(self, L: int):
-        """``(rows [k', L] int64, row_laws, context)``.
+    def draft_rows(self, L: int) -> "_Drafts":
+        """The k rows of one step, drawn through ``self.chance`` (:class:`_Drafts`).
 
-        ``row_laws[0]`` = q(.|c) ``[1, V]``; ``row_laws[t]`` ``[k', V]`` is the law row j's token t
-        was drawn from (the law of the first row with the same prefix); ``context`` = draft
-        cache length before the rows (|c|). k' = k, or the support size of q(.|c) if smaller
-        (``without_replacement``).
+        ``laws[0]`` = q(.|c) ``[1, V]``; ``laws[t]`` ``[k', V]`` is the law row j's token t was
+        drawn from (the law of the first row with the same prefix). k' = k, or the support size
+        of q(.|c) if smaller (``without_replacement``).
         """
         d = self.draft
         if self.features:
             h_root = d.feed(self.pending_draft, self.pending_feats)  # [1, H]: the draft's guess of the root's feature
-            q_root = self.laws(d.logits(h_root), "draft")  # [1, V]
+            logits = d.logits(h_root)  # [1, V]
         else:
-            q_root = self.laws(d.feed(self.pending_draft), "draft")  # [1, V]
+            logits = d.feed(self.pending_draft)  # [1, V]
+        q_root = self.laws(logits, "draft")  # [1, V]
         self.pending_draft = []
         context = d.length()
         if self.scheme == "iid":
-            first = ot.sample_iid(q_root, self.k, generator=self.gen, validate=self.validate)  # [1, k]
+            first = self.chance.draft_iid(q_root, self.k)  # [1, k]
         else:
             k = min(self.k, int((q_root > 0).sum()))  # the scheme needs k tokens of positive mass
-            first = ot.sample_without_replacement(q_root, k, generator=self.gen, validate=self.validate)  # [1, k']
+            first = self.chance.draft_without_replacement(q_root, k)  # [1, k']
         k = first.shape[1]
         rows = torch.empty((k, L), dtype=torch.int64, device=first.device)  # [k', L]
         rows[:, 0] = first[0]
-        row_laws = [q_root]
+        out = _Drafts(rows, [q_root], [logits], context)
         prefixes = [(t,) for t in first[0].tolist()]
         if L > 1:
             d.cache.batch_repeat_interleave(k)
@@ -401,14 +412,15 @@ class _Decoder:
             representative = [seen.setdefault(p, j) for j, p in enumerate(prefixes)]  # first row of each prefix
             if self.features:
                 guess = d.forward(rows[:, t - 1 : t], positions, guess[:, None])[:, -1][representative]  # [k', H]
-                laws = self.laws(d.logits(guess), "draft")  # [k', V]: one law per distinct prefix
+                logits = d.logits(guess)  # [k', V]: one per distinct prefix
             else:
-                laws = self.laws(d.forward(rows[:, t - 1 : t], positions)[:, -1], "draft")  # [k', V]
-                laws = laws[representative]  # [k', V]: one law per distinct prefix
-            rows[:, t] = ot.sample_iid(laws, 1, generator=self.gen, validate=self.validate)[:, 0]
-            row_laws.append(laws)
+                logits = d.forward(rows[:, t - 1 : t], positions)[:, -1][representative]  # [k', V]: one per distinct prefix
+            laws = self.laws(logits, "draft")  # [k', V]
+            rows[:, t] = self.chance.draft_iid(laws, 1)[:, 0]
+            out.laws.append(laws)
+            out.logits.append(logits)
             prefixes = [p + (x,) for p, x in zip(prefixes, rows[:, t].tolist())]
-        return rows, row_laws, context
+        return out
 
     # 3. target pass --------------------------------------------------------------------------
     def score(self, tree: DraftTree) -> torch.Tensor:
@@ -430,21 +442,29 @@ class _Decoder:
         return self.laws(logits, "target")
 
     # 4. walk ---------------------------------------------------------------------------------
-    def walk(self, tree: DraftTree, rows, row_laws, target_laws) -> tuple[list[int], list[int]]:
+    def node_draft_law(self, tree: DraftTree, node: int, drafts: "_Drafts") -> torch.Tensor:
+        """``[1, V]``: the law the node's children tokens were drawn from (the law of the rows through it)."""
+        depth = tree.depth[node]
+        return drafts.laws[depth][tree.rows_through[node][0] if depth else 0][None]
+
+    def bonus(self, tree: DraftTree, node: int, target_laws: torch.Tensor) -> int:
+        """The target's own draw at a node without children (a leaf at depth L, or a root without drafts)."""
+        return self.chance.bonus(target_laws[node : node + 1])
+
+    def walk(self, tree: DraftTree, drafts: "_Drafts | None", target_laws) -> tuple[list[int], list[int]]:
         """Emitted tokens and the accepted path (its nodes, depth 1 first)."""
         node, emitted, path = 0, [], []
         while True:
             kids = tree.children[node]
-            p_node = target_laws[node : node + 1]  # [1, V]
             if not kids:  # a leaf (or no drafts at all): the target's own draw (bonus token)
-                emitted.append(int(ot.sample_iid(p_node, 1, generator=self.gen, validate=self.validate)[0, 0]))
+                emitted.append(self.bonus(tree, node, target_laws))
                 return emitted, path
+            p_node = target_laws[node : node + 1]  # [1, V]
             depth = tree.depth[node]
-            through = tree.rows_through[node]
-            drafts = rows[through, depth][None]  # [1, m]: the children's tokens with multiplicity
-            q_node = row_laws[depth][through[0] if depth else 0][None]  # [1, V]
+            tokens = drafts.rows[tree.rows_through[node], depth][None]  # [1, m]: the children's tokens with multiplicity
+            q_node = self.node_draft_law(tree, node, drafts).to(p_node.device)  # [1, V]
             verify = self.root_verifier if depth == 0 else self.deep_verifier
-            y = int(verify(p_node, q_node.to(p_node.device), drafts, generator=self.gen, validate=self.validate).token[0])
+            y = self.chance.verify(verify, p_node, q_node, tokens)
             emitted.append(y)
             self.stats.verified_by_depth[depth] += 1
             child = next((c for c in kids if int(tree.tokens[c]) == y), None)
@@ -454,34 +474,50 @@ class _Decoder:
             node = child
             path.append(node)
 
-    # one step ----------------------------------------------------------------------------------
-    def step(self, remaining: int) -> list[int]:
-        L = min(self.L, remaining - 1) if self.draft is not None else 0
-        if self.features and self.pending_feats is None:
-            L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
-        root = self.pending_target[-1]
-        t0 = time.perf_counter()
-        if L >= 1:
-            rows, row_laws, context = self.draft_rows(L)
-            tree = DraftTree.from_rows(rows, root)
-        else:
-            rows, row_laws, context, tree = None, None, None, DraftTree.root_only(root)
-        t1 = time.perf_counter()
-        past = self.target.length()
-        target_laws = self.score(tree)  # [N, V]
-        t2 = time.perf_counter()
-        emitted, path = self.walk(tree, rows, row_laws, target_laws)
-        t3 = time.perf_counter()
-        # 5. rollback. Target: keep the committed context and the accepted path's keys and values
-        # (node i sits at cache position root + i), or drop the tree and feed the path again with
-        # the next tree; the last emitted token is the next root either way.
-        committed = past + len(self.pending_target)  # the cache up to and including the root
+    # 5. rollback -------------------------------------------------------------------------------
+    def rollback_target(self, committed: int, emitted: list[int], path: list[int]) -> None:
+        """Target cache back to the committed tokens; sets the next pending chain.
+
+        ``committed`` = the cache length up to and including the root. ``gather``: keep the
+        accepted path's keys and values (node i sits at cache position ``committed - 1 + i``), the
+        last emitted token is the next root; ``refeed``: drop the tree and feed every emitted
+        token again with the next tree.
+        """
         if self.target_rollback == "gather":
             self.target.keep_path(committed, [committed - 1 + node for node in path])
             self.pending_target = [emitted[-1]]
         else:
             self.target.truncate(committed)
             self.pending_target = list(emitted)
+
+    def draft_row_kept(self, tree: DraftTree, end: int) -> int:
+        """The draft cache row kept after a step: one row through the accepted path's end node."""
+        return tree.rows_through[end][0] if end else 0
+
+    def depth(self, remaining: int) -> int:
+        """Draft depth of a step with ``remaining`` tokens to go: L, cut so that no token beyond the limit is drafted."""
+        return min(self.L, remaining - 1) if self.draft is not None else 0
+
+    # one step ----------------------------------------------------------------------------------
+    def step(self, remaining: int) -> list[int]:
+        L = self.depth(remaining)
+        if self.features and self.pending_feats is None:
+            L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
+        root = self.pending_target[-1]
+        t0 = time.perf_counter()
+        if L >= 1:
+            drafts = self.draft_rows(L)
+            tree = DraftTree.from_rows(drafts.rows, root)
+        else:
+            drafts, tree = None, DraftTree.root_only(root)
+        t1 = time.perf_counter()
+        past = self.target.length()
+        target_laws = self.score(tree)  # [N, V]
+        t2 = time.perf_counter()
+        emitted, path = self.walk(tree, drafts, target_laws)
+        t3 = time.perf_counter()
+        # 5. rollback. Target: keep the committed context and the accepted path, or refeed it.
+        self.rollback_target(past + len(self.pending_target), emitted, path)
         accepted = len(path)  # tokens of the accepted path
         end = path[-1] if path else 0
         if self.features:
@@ -493,17 +529,17 @@ class _Decoder:
             if L >= 1:  # the drafted elements read guessed features: drop them, feed the accepted tokens again
                 if L > 1:
                     self.draft.cache.batch_select_indices(torch.tensor([0], device=self.draft.device))
-                self.draft.truncate(context)
+                self.draft.truncate(drafts.context)
                 self.pending_draft, self.pending_feats = list(emitted), emitted_feats
             else:
                 self.pending_draft.extend(emitted)
                 self.pending_feats = torch.cat([self.pending_feats, emitted_feats])
         elif L >= 1:
-            if L > 1:  # keep one row that carries the accepted path (any row through its end node)
-                row = tree.rows_through[end][0] if end else 0
+            if L > 1:  # keep one row that carries the accepted path
+                row = self.draft_row_kept(tree, end)
                 self.draft.cache.batch_select_indices(torch.tensor([row], device=self.draft.device))
             kept = min(accepted, L - 1)  # the row holds its tokens 1..L-1
-            self.draft.truncate(context + kept)
+            self.draft.truncate(drafts.context + kept)
             self.pending_draft = emitted[kept:]
         else:
             self.pending_draft.extend(emitted)
@@ -542,6 +578,17 @@ class _Decoder:
         return Generation(out, s)
 
 
+def _chance(chance, generator, seed, device, validate: bool) -> Chance:
+    """The door of the run's random choices: the one given, else draws from a generator or a seed."""
+    if chance is None:
+        return Sampled(_generator(generator, seed, device), validate)
+    if not isinstance(chance, Chance):
+        raise OtmError(f"chance must be an otm.decode.chance.Chance, got {type(chance).__name__}")
+    if generator is not None or seed is not None:
+        raise OtmError("give a chance door or a generator / seed, not both")
+    return chance
+
+
 def _generator(generator, seed, device) -> torch.Generator:
     if generator is not None:
         if seed is not None:
@@ -573,6 +620,7 @@ def speculative_decode(
     validate: bool = True,
     target_rollback: str = "gather",
     on_tokens: Callable[[list[int]], None] | None = None,
+    chance: Chance | None = None,
 ) -> Generation:
     """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
 
@@ -602,6 +650,9 @@ def speculative_decode(
         ``DynamicCache`` of full-attention layers) or ``"refeed"`` (crop the tree, feed the
         emitted tokens with the next tree: any cache with ``crop``). Same law, same call count.
     on_tokens : called with each step's new tokens (streaming).
+    chance : the door of every random choice (:mod:`otm.decode.chance`); default
+        ``Sampled(generator or seed, validate)``. :func:`otm.decode.exact.exact_decode` passes an
+        ``Enumerated`` door to enumerate the runs of this very code.
 
     Returns
     -------
@@ -619,8 +670,8 @@ def speculative_decode(
     device = _device_and_dtype(target)[0]
     decoder = _Decoder(
         target, draft, prompt, k=k, length=length, scheme=scheme, verifier=verifiers[:2], sampling=sampling,
-        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), generator=_generator(generator, seed, device),
-        law_dtype=law_dtype, validate=validate, method=f"{verifiers[2]} {scheme} k={k} L={length}",
+        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
+        law_dtype=law_dtype, method=f"{verifiers[2]} {scheme} k={k} L={length}",
         target_rollback=target_rollback,
     )
     return decoder.run(on_tokens)
@@ -637,11 +688,12 @@ def autoregressive_decode(
     seed: int | None = None,
     law_dtype: torch.dtype = torch.float64,
     on_tokens: Callable[[list[int]], None] | None = None,
+    chance: Chance | None = None,
 ) -> Generation:
     """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
 
     Each step is one target call on the pending tokens and one inverse-CDF draw from the
-    processed law; block efficiency is 1.
+    processed law (``chance.bonus``); block efficiency is 1.
     """
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
@@ -649,7 +701,7 @@ def autoregressive_decode(
     device = _device_and_dtype(target)[0]
     decoder = _Decoder(
         target, None, prompt, k=1, length=0, scheme="iid", verifier=(None, None), sampling=sampling,
-        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), generator=_generator(generator, seed, device),
-        law_dtype=law_dtype, validate=True, method="autoregressive",
+        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, True),
+        law_dtype=law_dtype, method="autoregressive",
     )
     return decoder.run(on_tokens)

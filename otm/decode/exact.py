@@ -1,43 +1,69 @@
-r"""Exact law of the decoder's first T new tokens, by enumeration (small V, k, T).
+r"""Exact law of the decoder's output, computed by the decoder's own code (small V, k, L, T).
 
-The decoder's law depends only on the processed next-token laws of both models along each
-prefix and on the per-node rule. :func:`decoder_law` follows the decoder's steps exactly
-(:mod:`otm.decode.decoder`): depth ``L' = min(L, remaining - 1)`` per step; at a node with m
-rows, the drafts are every ordered m-tuple of the scheme (i.i.d. from the node's draft law, or,
-at the root of ``without_replacement``, successive sampling without replacement of
-``min(k, support)`` tokens; below that root, single continuations); the rule's exact output law
-given the tuple (``otm.verifiers.<name>.law``) decides the token y; y continues at the child
-with the multiplicity of y among the drafts, or ends the step; at a leaf y is the target's
-bonus draw. States are memoised on (prefix, depth, m, L').
+Every random choice of :func:`~otm.decode.decoder.speculative_decode` goes through one door
+(:mod:`otm.decode.chance`). With an :class:`~otm.decode.chance.Enumerated` door each choice is
+an elementary categorical over a finite list of options with float64 probabilities (a draft
+token, a token drawn without replacement, a verifier's output token from its exact conditional
+law, a bonus token), so the set of runs of the *real* decoder is a finite tree. :func:`exact_decode`
+walks it depth first by replay:
 
-It turns Theorem 2 into a computation: with a valid rule the result equals the target's law of
-T-token continuations to rounding (tests check 1e-12), and with a broken rule it gives that
-rule's exact law, from which the power of the Monte Carlo test against it follows.
+1. run the decoder with a forced prefix of option indices (empty at first); beyond the prefix
+   it takes option 0, and the door records every choice's number of options;
+2. for every choice beyond the prefix, push the prefix that takes each other option there
+   (same choices before it);
+3. the run's probability is the product of its choices' probabilities; add it to the law of
+   its output tokens.
 
->>> import numpy as np
->>> from otm.verifiers import kseq
->>> laws = {0: np.array([0.6, 0.4]), 1: np.array([0.3, 0.7])}
->>> target = lambda prefix: laws[prefix[-1] if prefix else 0]
->>> draft = lambda prefix: np.array([0.5, 0.5])
->>> law = decoder_law(target, draft, T=2, k=2, length=2, rule=kseq.law)
->>> round(law[(0, 1)], 12), round(target_law(target, 2)[(0, 1)], 12)
-(0.24, 0.24)
+Each complete run is visited once, so the law is exact up to float64 rounding (the sum over
+runs of products of probabilities). Nothing here knows how the decoder drafts, walks or rolls
+back: a bug anywhere in that code (a wrong law given to the verifier, a stale target cache, a
+wrong position) changes the computed law. The reference is :func:`target_law`, the target's own
+law of T tokens by plain enumeration of its processed next-token laws (a cache-free forward per
+prefix, :func:`otm.decode.toy.model_law`), not a second decoder.
+
+Verifiers: a built-in torch verifier is replaced in the enumeration by its numpy twin's exact
+law (``otm.verifiers.<name>.law``); a user's callable must carry ``.law(target, draft, drafts)``.
+
+Cost: one decoder run per complete run of the tree (the number of runs grows like the product
+of the option counts; ~1.5-2 ms per run for ToyLM at V = 3, T = 3, k = 2, L = 2 on one CPU core),
+so keep V, k, L and T small; ``max_runs`` refuses larger enumerations in one line.
+
+>>> from otm.decode.toy import ToyLM, model_law
+>>> target, draft = ToyLM(3, seed=0), ToyLM(3, seed=1)
+>>> law = exact_decode_law(target, draft, [0, 2], max_new_tokens=2, k=2, length=1)
+>>> reference = target_law(model_law(target, [0, 2]), 2)
+>>> law_error(law, reference) < 1e-12
+True
 """
 
 from __future__ import annotations
 
-import itertools
+import time
 from collections import defaultdict
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
+
+from ..laws import OtmError
+from .chance import Enumerated, exact_law_of
 
 Law = Callable[[tuple], np.ndarray]
 
+MAX_RUNS = 100_000
+"""Default largest number of decoder runs :func:`exact_decode` performs."""
+
+_NOT_FORWARDED = ("generator", "seed", "chance", "on_tokens")
+
 
 def target_law(target: Law, T: int, eos: int | None = None) -> dict[tuple, float]:
-    """Law of the first T tokens sampled autoregressively from ``target(prefix)`` (stop after ``eos``)."""
+    """Law of the first T tokens sampled autoregressively from ``target(prefix)`` (stop after ``eos``).
+
+    ``target(prefix) -> [V]`` is the processed next-token law after the prompt and ``prefix``
+    (e.g. :func:`otm.decode.toy.model_law`). The law of a sequence is the product of its
+    tokens' conditional probabilities; sequences ending in ``eos`` before T tokens are cells.
+    """
     out: dict[tuple, float] = {}
 
     def rec(prefix: tuple, prob: float) -> None:
@@ -52,101 +78,121 @@ def target_law(target: Law, T: int, eos: int | None = None) -> dict[tuple, float
     return out
 
 
-def _tuples(q: np.ndarray, m: int, without_replacement: bool):
-    """``(tuple, probability)`` of every ordered m-tuple of drafts from ``q``."""
-    support = [int(x) for x in np.flatnonzero(q > 0)]
-    if not without_replacement:
-        for tup in itertools.product(support, repeat=m):
-            yield tup, float(np.prod(q[list(tup)]))
-        return
-    for tup in itertools.permutations(support, m):
-        prob, left = 1.0, 1.0
-        for x in tup:  # successive sampling: q(x) / (1 - mass already drawn)
-            prob *= q[x] / left
-            left -= q[x]
-        yield tup, float(prob)
-
-
-def decoder_law(
-    target: Law,
-    draft: Law,
-    *,
-    T: int,
-    k: int,
-    length: int,
-    rule: Callable,
-    scheme: str = "iid",
-    deep_rule: Callable | None = None,
-    eos: int | None = None,
-    feature_draft: bool = False,
-) -> dict[tuple, float]:
-    """Exact law of the decoder's first T tokens.
-
-    Parameters
-    ----------
-    target, draft : prefix (tuple of new tokens) -> processed next-token law (numpy, sums to 1).
-    T, k, length : tokens, drafts per position, draft depth L.
-    rule : ``law(target, draft, drafts) -> output law`` at the root (and below it for ``iid``).
-    scheme : ``"iid"`` or ``"without_replacement"``.
-    deep_rule : rule below the root (default: ``rule`` for iid, ``speculative.law`` for
-        without_replacement, as :func:`otm.decode.decoder.resolve_verifiers`).
-    eos : a token that ends the sequence.
-    feature_draft : the decoder with a draft that reads the target's features
-        (:class:`otm.feature_draft.FeatureDraft`): its first step drafts nothing (the prompt's
-        features come from that step's target pass), and ``draft`` is called as
-        ``draft(prefix, depth)``: within a step the draft reads its own guesses of the features
-        of the tokens it drafted, so its law at a node depends on how many of the prefix's last
-        tokens were drafted in this step (``depth``), not on the prefix alone.
-    """
-    from ..verifiers import speculative
-
-    if deep_rule is None:
-        deep_rule = rule if scheme == "iid" else speculative.law
-    wo = scheme == "without_replacement"
-
-    def add(out, y, tails, weight):
-        for tail, v in tails.items():
-            out[(y,) + tail] += weight * v
-
-    @lru_cache(maxsize=None)
-    def from_step(prefix: tuple):
-        if len(prefix) == T or (prefix and prefix[-1] == eos):
-            return {(): 1.0}
-        first = feature_draft and not prefix  # a feature draft waits for the prompt's features
-        return at_node(prefix, 0, k, 0 if first else min(length, T - len(prefix) - 1))
-
-    def after(prefix: tuple, y: int, depth: int, m: int, L: int):
-        if y == eos or m == 0:
-            return from_step(prefix + (y,))
-        return at_node(prefix + (y,), depth + 1, m, L)
-
-    @lru_cache(maxsize=None)
-    def at_node(prefix: tuple, depth: int, m: int, L: int):
-        p = np.asarray(target(prefix), dtype=np.float64)
-        out: dict[tuple, float] = defaultdict(float)
-        if depth == L:  # leaf or no drafts: the target's own draw
-            for y in np.flatnonzero(p > 0):
-                add(out, int(y), from_step(prefix + (int(y),)), float(p[y]))
-            return dict(out)
-        q = np.asarray(draft(prefix, depth) if feature_draft else draft(prefix), dtype=np.float64)
-        root_wo = wo and depth == 0
-        n = min(m, int((q > 0).sum())) if root_wo else m
-        law_of = rule if depth == 0 else deep_rule
-        mix: dict[tuple[int, int], float] = defaultdict(float)  # (y, multiplicity of y in drafts) -> probability
-        for tup, w in _tuples(q, n, root_wo):
-            if w == 0:
-                continue
-            y_law = np.asarray(law_of(p, q, np.array(tup)), dtype=np.float64)
-            for y in np.flatnonzero(y_law > 0):
-                mix[(int(y), tup.count(int(y)))] += w * float(y_law[y])
-        for (y, c), w in mix.items():
-            add(out, y, after(prefix, y, depth, c, L), w)
-        return dict(out)
-
-    return from_step(())
-
-
 def as_vectors(law0: dict, law1: dict) -> tuple[list[tuple], np.ndarray, np.ndarray]:
     """Common cells (sorted) and the two laws as aligned vectors."""
     cells = sorted(set(law0) | set(law1))
     return cells, np.array([law0.get(c, 0.0) for c in cells]), np.array([law1.get(c, 0.0) for c in cells])
+
+
+def law_error(law: dict, reference: dict) -> float:
+    """``max_c |law(c) - reference(c)|`` over the union of the cells."""
+    _, a, b = as_vectors(law, reference)
+    return float(np.abs(a - b).max())
+
+
+def total_variation(law: dict, reference: dict) -> float:
+    """``1/2 sum_c |law(c) - reference(c)|``."""
+    _, a, b = as_vectors(law, reference)
+    return 0.5 * float(np.abs(a - b).sum())
+
+
+@dataclass
+class ExactDecode:
+    """The exact law of a decoder's output and expectations of its counters.
+
+    ``law[tokens]`` = P(the run emits ``tokens``); ``verified_by_depth[d]`` and
+    ``accepted_by_depth[d]`` = the expected number of verifications (and acceptances) at depth
+    d + 1 in one run; ``acceptance_by_depth`` = their ratio, the limit of
+    :attr:`~otm.decode.decoder.DecodeStats.acceptance_by_depth` pooled over many runs.
+    """
+
+    law: dict[tuple, float]
+    runs: int
+    seconds: float
+    verified_by_depth: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    accepted_by_depth: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def mass(self) -> float:
+        return float(sum(self.law.values()))
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        return [a / v if v > 0 else float("nan") for a, v in zip(self.accepted_by_depth, self.verified_by_depth)]
+
+    @property
+    def runs_per_second(self) -> float:
+        return self.runs / self.seconds if self.seconds > 0 else float("nan")
+
+
+def exact_decode(target, draft, input_ids, *, max_new_tokens: int, max_runs: int = MAX_RUNS, **options) -> ExactDecode:
+    """Exact law of the first ``max_new_tokens`` tokens of the real decoder, by depth-first replay.
+
+    Parameters
+    ----------
+    target, draft : the models, as for :func:`~otm.decode.decoder.speculative_decode`; ``draft=None``
+        enumerates :func:`~otm.decode.decoder.autoregressive_decode` instead.
+    input_ids : the prompt.
+    max_new_tokens : T, the number of new tokens (fewer after ``eos_token_id``).
+    max_runs : refuse (one-line OtmError) an enumeration of more decoder runs than this.
+    options : any other keyword of ``speculative_decode`` (``k``, ``length``, ``verifier``, ``scheme``,
+        ``sampling``, ``eos_token_id``, ``target_rollback``, ``validate``) or of
+        ``autoregressive_decode``; not ``generator``, ``seed``, ``chance``, ``on_tokens``. Laws are
+        float64 (``law_dtype=torch.float64``, the only dtype allowed here).
+
+    Returns
+    -------
+    ExactDecode : ``law`` (tokens -> probability), ``runs``, ``seconds``, expected counters.
+    """
+    from .decoder import autoregressive_decode, resolve_verifiers, speculative_decode
+
+    given = sorted(set(options) & set(_NOT_FORWARDED))
+    if given:
+        raise OtmError(f"exact mode makes every random choice itself: do not pass {', '.join(given)}")
+    if options.setdefault("law_dtype", torch.float64) != torch.float64:
+        raise OtmError(f"exact mode computes laws in float64, got law_dtype={options['law_dtype']}")
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise OtmError(f"max_runs must be a whole number >= 1, got {max_runs!r}")
+    if draft is not None:  # refuse a verifier without an exact law before any run
+        for verifier in resolve_verifiers(options.get("verifier", "kseq"), options.get("scheme", "iid"),
+                                          options.get("k", 4))[:2]:
+            exact_law_of(verifier)
+
+    def run(door: Enumerated):
+        if draft is None:
+            return autoregressive_decode(target, input_ids, max_new_tokens=max_new_tokens, chance=door, **options)
+        return speculative_decode(target, draft, input_ids, max_new_tokens=max_new_tokens, chance=door, **options)
+
+    start = time.perf_counter()
+    law: dict[tuple, float] = defaultdict(float)
+    verified: np.ndarray | None = None
+    accepted: np.ndarray | None = None
+    stack: list[tuple[int, ...]] = [()]
+    runs, memo = 0, {}
+    while stack:
+        forced = stack.pop()
+        door = Enumerated(forced, memo)
+        out = run(door)
+        runs += 1
+        for i in range(len(forced), len(door.taken)):  # every choice made freely: its other options
+            stack.extend(tuple(door.taken[:i]) + (alt,) for alt in range(door.sizes[i] - 1, 0, -1))
+        if runs + len(stack) > max_runs:
+            raise OtmError(f"exact mode would run the decoder more than max_runs = {max_runs:,} times: "
+                           "lower V, k, length or max_new_tokens, or raise max_runs")
+        w = door.probability
+        law[tuple(out.tokens)] += w
+        v = np.asarray(out.stats.verified_by_depth, dtype=np.float64)
+        a = np.asarray(out.stats.accepted_by_depth, dtype=np.float64)
+        verified = w * v if verified is None else verified + w * v
+        accepted = w * a if accepted is None else accepted + w * a
+    return ExactDecode(dict(law), runs, time.perf_counter() - start, verified, accepted)
+
+
+def exact_decode_law(target, draft, input_ids, *, max_new_tokens: int, **options) -> dict[tuple[int, ...], float]:
+    """Exact law ``{tokens: probability}`` of the decoder's first ``max_new_tokens`` tokens
+    (:func:`exact_decode`'s ``law``; ``draft=None``: the autoregressive baseline)."""
+    return exact_decode(target, draft, input_ids, max_new_tokens=max_new_tokens, **options).law
+
+
+__all__ = ["ExactDecode", "MAX_RUNS", "as_vectors", "exact_decode", "exact_decode_law", "law_error", "target_law",
+           "total_variation"]
