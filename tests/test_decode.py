@@ -349,22 +349,36 @@ def _two_sample(c1: Counter, c2: Counter):
 
 @pytest.mark.slow
 def test_same_law_as_transformers_generate():
-    """Two-sample chi-square (alpha = 1e-3) of the first T = 2 tokens: K-SEQ (k = 3, L = 2) on a tiny
-    Llama pair against transformers' ``generate(do_sample=True)`` from the same target, 1000 runs
-    each (top-k 4 of V = 6, temperature 0.8). Both are also tested against the exact law."""
-    target, draft = tiny_llama(4, V=6, scale=0.4), tiny_llama(5, V=6, scale=0.4)
-    prompt, sampling, n, t_len = [1, 2, 3], Sampling(temperature=0.8, top_k=4), 1000, 2
+    """Two-sample chi-square (alpha = 1e-3) of the first T = 3 tokens: K-SEQ (k = 2, L = 2) on a tiny
+    float64 Llama pair against transformers' ``generate(do_sample=True)`` from the same target, 1000 runs
+    each (top-k 2 of V = 3, temperature 0.8; refeed rollback); both also tested against the exact law.
+    Power of that one-sample test against a realistic decoder bug, the refeed rollback that leaves the
+    rejected tree in the target cache (a stale cache: TV 0.027 here), computed exactly from the broken
+    decoder's exact mode: asserted >= 0.99; the broken decoder run through the same test is rejected.
+    (The prompt holds no token 0: generate() would mask it as padding.)"""
+    target = tiny_llama(4, V=3, scale=0.6).to(torch.float64)
+    draft = tiny_llama(5, V=3, scale=0.6).to(torch.float64)
+    prompt, sampling, n, t_len = [1, 2, 2], Sampling(temperature=0.8, top_k=2), 1000, 3
+    options = dict(k=2, length=2, verifier="kseq", sampling=sampling, target_rollback="refeed")
+    law = target_law(model_law(target, prompt, sampling), t_len)
+    mutant = DECODER_MUTANTS["refeed_without_truncate"]
+    with mutant.plant():
+        broken = exact_decode_law(target, draft, prompt, max_new_tokens=t_len, **options)
+    _, p0, p1 = as_vectors(law, broken)
+    assert 0 < 0.5 * np.abs(p0 - p1).sum() < 0.05 and chi2_power(n, p0, p1, alpha=ALPHA) >= MIN_POWER
     torch.manual_seed(7)
     with torch.inference_mode():
-        hf = target.generate(torch.tensor([prompt]), do_sample=True, temperature=0.8, top_k=4, top_p=1.0,
+        hf = target.generate(torch.tensor([prompt]), do_sample=True, temperature=0.8, top_k=2, top_p=1.0,
                              max_new_tokens=t_len, num_return_sequences=n, pad_token_id=0)
-    ours = run_counts(target, draft, prompt, n, T=t_len, k=3, length=2, verifier="kseq", sampling=sampling, seed=8)
+    ours = run_counts(target, draft, prompt, n, T=t_len, seed=8, **options)
     theirs = Counter(tuple(r) for r in hf[:, len(prompt):].tolist())
     assert _two_sample(ours, theirs).pvalue > ALPHA
-    law = target_law(model_law(target, prompt, sampling), t_len)
     for counts in (ours, theirs):
         result = gof(counts, law)
         assert not result.reject, str(result)
+    with mutant.plant():
+        control = gof(run_counts(target, draft, prompt, n, T=t_len, seed=9, **options), law)
+    assert control.reject, str(control)
 
 
 # -- (d) bad input -------------------------------------------------------------------------------------
