@@ -39,12 +39,7 @@ TORCH = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("module,scheme,k", EXACT, ids=lambda x: getattr(x, "__name__", str(x)).split(".")[-1])

@@ -16,7 +16,9 @@ from otm.certify.decoder import SETTINGS, certify_decoder
 from otm.certify.decoder_mutants import DECODER_MUTANTS, NOT_EXACTNESS_BUGS, exact_tv
 from otm.laws import OtmError
 
-from test_decode import naive_torch, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_decode import naive_torch
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("verifier,scheme,k", [(ot.kseq, "iid", 3), (ot.rrs, "iid", 2), (ot.speculative, "iid", 1),

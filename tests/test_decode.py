@@ -36,13 +36,7 @@ ALPHA = 1e-3
 MIN_POWER = 0.99
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and leaves the other core to the other xdist worker."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # -- models -------------------------------------------------------------------------------

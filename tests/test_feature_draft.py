@@ -28,7 +28,9 @@ from otm.feature_draft import (
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
 
-from test_decode import naive_torch, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from test_decode import naive_torch
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 ALPHA = 1e-3
 

@@ -7,7 +7,6 @@ runs (tests/test_certify.py): each mutant's refutation is the negative control o
 from __future__ import annotations
 
 import pytest
-import torch
 
 from otm.certify import certify
 from otm.certify.mutants import MUTANTS, RARE_BRANCH, exact_tv
@@ -15,12 +14,7 @@ from otm.certify.mutants import MUTANTS, RARE_BRANCH, exact_tv
 FORMS = [(name, form) for name, m in MUTANTS.items() for form in m.forms]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_catalogue_has_ten_realistic_bugs_with_a_stated_size():

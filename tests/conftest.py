@@ -1,0 +1,14 @@
+"""Shared fixtures."""
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models and batched verifiers: one torch thread is fastest, and leaves the other core to the
+    other xdist worker. Modules that run torch use it with ``pytestmark = pytest.mark.usefixtures(...)``."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
