@@ -159,6 +159,12 @@ def test_torch_boundary_probe_and_bad_returns():
     report = certify(torch_leq, kind="torch", scheme="iid", k=1, tv=0.05)
     assert not report.certified and any("exactly 0.0" in c.reason for c in report.cases)
 
+    def no_uniforms(target, draft, drafts, *, generator=None):
+        return ot.kseq(target, draft, drafts, generator=generator)
+
+    report = certify(no_uniforms, kind="torch", scheme="iid", k=2, tv=0.1)
+    assert report.certified and "boundary probe not run: the torch rule takes no uniforms= argument" in report.notes
+
     def wrong_shape(target, draft, drafts, *, generator=None):
         return drafts  # [n, k], not [n]
 

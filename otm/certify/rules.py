@@ -410,9 +410,14 @@ def _torch_drawer(rule, inst: Instance, seed: int):
     return draw
 
 
+class _ProbeSkipped(Exception):
+    """The boundary probe could not run the rule (said in the report's notes, never silently)."""
+
+
 def _boundary_probe(rule, kind: str, inst: Instance, scheme, seed: int) -> str | None:
-    """Run the rule with uniforms of exactly 0.0 on up to 8 draft tuples; a reason if it emits a token
-    of zero target mass, else None (also None when the probe cannot be run, e.g. no ``uniforms``)."""
+    """Run the rule with uniforms of exactly 0.0 on up to 8 draft tuples: a reason if it emits a token of zero
+    target mass, else None. Raises :class:`_ProbeSkipped` when the probe cannot run the rule (a torch rule
+    without ``uniforms``, or one that fails on the stub generator)."""
     target = inst.target
     if not (target == 0).any():
         return None
@@ -422,8 +427,8 @@ def _boundary_probe(rule, kind: str, inst: Instance, scheme, seed: int) -> str |
         for tup in tuples[order]:
             try:
                 y = _token_of(rule(target.copy(), inst.draft.copy(), tup.copy(), _ZeroUniforms(seed)), inst.V)
-            except (_RuleFault, Exception):
-                return None  # the rule does not run on this stub; the statistical test stands alone
+            except (_RuleFault, Exception) as exc:
+                raise _ProbeSkipped(f"the rule failed on a generator whose random() is 0.0 ({_fault_text(exc)})") from None
             if target[y] == 0:
                 return (f"emits token {y} of zero target mass when a uniform is exactly 0.0 (drafts {tup.tolist()}): "
                         "compare u < ratio with u in [0, 1), never u <= ratio (SGLang #35771)")
@@ -431,15 +436,15 @@ def _boundary_probe(rule, kind: str, inst: Instance, scheme, seed: int) -> str |
     import torch
 
     if "uniforms" not in inspect.signature(rule).parameters:
-        return None
+        raise _ProbeSkipped("the torch rule takes no uniforms= argument")
     d = torch.as_tensor(tuples[order], dtype=torch.int64)  # [m, k]
     m = d.shape[0]
     p = torch.tensor(target, dtype=torch.float64)[None].expand(m, -1).contiguous()
     q = torch.tensor(inst.draft, dtype=torch.float64)[None].expand(m, -1).contiguous()
     try:
         out = rule(p, q, d, uniforms=torch.zeros((m, d.shape[1] + 1), dtype=torch.float64))
-    except Exception:
-        return None
+    except Exception as exc:
+        raise _ProbeSkipped(f"the rule refused uniforms of shape [n, k + 1] ({_fault_text(exc)})") from None
     y = getattr(out, "token", out)
     bad = [int(t) for t in y.tolist() if 0 <= int(t) < inst.V and target[int(t)] == 0]
     if bad:
@@ -627,7 +632,12 @@ def certify(
             drawer = _numpy_drawer if kind == "sampler" else _torch_drawer
             case = _statistical_case(drawer(rule, inst, case_seed), inst, scheme, k, tv=tv, level=level,
                                      scheme=sch, progress=bar)
-            boundary = _boundary_probe(rule, kind, inst, sch, case_seed)
+            try:
+                boundary = _boundary_probe(rule, kind, inst, sch, case_seed)
+            except _ProbeSkipped as skipped:
+                boundary = None
+                if not any(n.startswith("boundary probe not run") for n in notes):
+                    notes.append(f"boundary probe not run: {skipped}")
             if boundary:
                 case.passed = False
                 case.reason = f"{case.reason}; {boundary}" if case.reason else boundary
