@@ -513,3 +513,33 @@ def test_real_target_tree_mask_and_rollback():
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
     out = speculative_decode(target, target, prompt, k=2, length=3, max_new_tokens=25, seed=0)
     assert out.stats.target_calls == 7 and min(out.stats.acceptance_by_depth) == 1.0, out.stats.summary()
+
+
+def test_models_that_misbehave_are_named_in_one_line():
+    """NaN / +inf / all -inf logits name the model at fault (with or without validation, at temperature 0
+    too, where an argmax would silently pick token 0); a draft whose vocabulary is smaller than the
+    target's is refused before any forward, even without config.vocab_size."""
+
+    class Broken(ToyLM):
+        def __init__(self, V, seed, value):
+            super().__init__(V, seed)
+            self.value = value
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = torch.full_like(out.logits, self.value)
+            return out
+
+    good = ToyLM(4, seed=1)
+    for value, words in ((float("nan"), "NaN or +inf"), (float("inf"), "NaN or +inf"), (-float("inf"), "every logit is -inf")):
+        for role, target, draft in (("target", Broken(4, 2, value), good), ("draft", good, Broken(4, 2, value))):
+            for sampling, validate in ((Sampling(), True), (Sampling(temperature=0), False)):
+                with pytest.raises(OtmError) as err:
+                    speculative_decode(target, draft, [1, 2], k=2, length=2, seed=0, sampling=sampling,
+                                       validate=validate, max_new_tokens=4)
+                assert f"the {role} model returned" in str(err.value) and words in str(err.value)
+    small = ToyLM(3, seed=3)
+    small.config = type("NoVocab", (), {})()  # a config without vocab_size: the embedding tells
+    small.get_input_embeddings = lambda: torch.nn.Embedding(3, 2)
+    with pytest.raises(OtmError, match="vocabulary"):
+        speculative_decode(good, small, [1, 2], k=2, length=2, seed=0)

@@ -148,8 +148,14 @@ def _device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
 
 
 def _vocab_size(model) -> int | None:
+    """``config.vocab_size``, else the rows of the input embedding, else None (unknown until its first logits)."""
     config = getattr(model, "config", None)
     v = getattr(config, "vocab_size", None)
+    if v is None and hasattr(model, "get_input_embeddings"):
+        try:
+            v = getattr(model.get_input_embeddings(), "num_embeddings", None)
+        except (NotImplementedError, AttributeError):
+            v = None
     return int(v) if v is not None else None
 
 
@@ -366,6 +372,14 @@ class _Decoder:
         )
 
     def laws(self, logits: torch.Tensor, role: str) -> torch.Tensor:
+        """Processed laws of ``logits [n, V]`` from the ``role`` model ("target" or "draft"), checked first:
+        a NaN or +inf logit, or a row with no finite logit, is that model's fault, named in one line."""
+        bad = torch.isnan(logits) | torch.isposinf(logits)  # [n, V]
+        empty = torch.isneginf(logits).all(-1)  # [n]: every token masked out
+        if bool(bad.any() | empty.any()):
+            what = "NaN or +inf logits" if bool(bad.any()) else "a position where every logit is -inf"
+            raise OtmError(f"the {role} model returned {what}: check its weights and dtype (a float16 overflow?) "
+                           "before decoding")
         if self.V is None:
             self.V = logits.shape[-1]
         elif logits.shape[-1] != self.V:
