@@ -76,7 +76,7 @@ def hf_speculative_sampling(candidate_input_ids, q, p):
     the accepted draft. The function is batch size 1 only (``n_matches`` is a scalar
     and ``if n_matches < gamma`` synchronises); batches are looped over rows.
     Acceptance is ``r_i <= probability_ratio`` as in HF (it accepts p = 0 tokens at
-    r_i = 0; see reference/peers.md).
+    r_i = 0; see docs/audit.md).
     """
     candidate_length = 1
     new_candidate_input_ids = candidate_input_ids[:, -candidate_length:]

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .laws import OtmError
+from .laws import OtmError, check_law
 
 DIRICHLET = (0.1, 0.3, 1.0, 3.0)
 TEMPERATURES = (0.25, 0.5, 0.7, 1.0, 1.5, 2.0)
@@ -125,6 +125,8 @@ def evaluate_pair(target, draft, k: int, *, paths: int, rng) -> dict:
     from .optimum import optimal_acceptance
     from .verifiers import greedy, kseq, rrs
 
+    target = check_law(target, "target")
+    draft = check_law(draft, "draft", size=target.size)
     V = target.size
     row = {
         "opt_iid": optimal_acceptance(target, draft, k, "iid"),

@@ -75,8 +75,8 @@ def gof(counts: Counter, law: dict):
 def naive_law(p, q, drafts):
     """Exact law of the broken rule: single-draft tests on each draft in turn, then norm((p - q)_+).
 
-    Invalid for k >= 2 (``reference/theory.md`` §2.1: "Running single-draft acceptance independently
-    on each of the k drafts is NOT valid").
+    Invalid for k >= 2: running single-draft acceptance independently on each of the k drafts does
+    not give the target law (SpecTr, Sun et al. 2023, section 3; docs/theory.md section 3).
     """
     out, left = np.zeros_like(p), 1.0
     for x in drafts:

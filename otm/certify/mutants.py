@@ -1,7 +1,7 @@
 r"""A catalogue of planted, realistic bugs in token-level rules: what certification must catch.
 
 Each *mutant* is a correct rule of :mod:`otm.verifiers` / :mod:`otm.torch` with one realistic
-mistake, the kind the peers shipped (``reference/peers.md``): a factor computed for the wrong k, a
+mistake, the kind real engines shipped (``docs/audit.md``): a factor computed for the wrong k, a
 residual never updated or never renormalised, a rejected draft left in the proposal, the law of
 the wrong draft, ``u <= ratio`` at the boundary, one uniform used twice, a rare wrong branch.
 Each comes in the forms it can be written in (exact ``law``, numpy ``sample``, batched ``torch``)

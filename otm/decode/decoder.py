@@ -1,6 +1,6 @@
 r"""The multi-draft speculative decoder (SpecTr's tree decoder) and its baselines.
 
-One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3 of ``reference/theory.md``):
+One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3):
 
 1. **draft**: feed the draft model the committed tokens it has not seen (batch 1), giving
    :math:`q(\cdot|c)`; draw k first tokens (scheme ``iid``: i.i.d.; ``without_replacement``:
@@ -88,7 +88,7 @@ class DecodeStats:
     ``block_efficiency`` = new tokens / target calls (SpecTr's block efficiency; the prompt's
     prefill is part of the first call, so autoregressive decoding has 1.0). Acceptance at depth
     d (1-based) = share of the verifications at depth d whose token was one of the drafts
-    (membership acceptance, ``reference/theory.md`` §0.3).
+    (membership acceptance, docs/theory.md).
     """
 
     method: str

@@ -1,11 +1,11 @@
 r"""Next-token laws from logits: temperature, top-k and top-p, applied to both models alike.
 
-Speculative sampling is exact for the *processed* laws only (Leviathan et al. 2023, §2.3;
-``reference/theory.md`` §1.1: "Temperature / top-k / top-p must be applied to BOTH p and q
-before this rule"). The decoder therefore passes the target's and the draft's logits through
+Speculative sampling is exact for the *processed* laws only (Leviathan et al. 2023, §2.3:
+temperature, top-k and top-p must be applied to both the target's and the draft's law before the
+rule). The decoder therefore passes the target's and the draft's logits through
 the same :func:`next_token_laws` before any draw or verification; drafts are sampled from the
-very law the verifier is given (the bug class of transformers #32867 and #47932 in
-``reference/peers.md`` is a draft law that does not describe how the draft was sampled).
+very law the verifier is given (the bug class of transformers issues #32867 and #47932 is a
+draft law that does not describe how the draft was sampled; docs/audit.md).
 
 Order and conventions follow transformers' sampling processors (``TemperatureLogitsWarper``,
 ``TopKLogitsWarper``, ``TopPLogitsWarper``), so ``generate(do_sample=True, temperature=t,

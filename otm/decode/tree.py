@@ -6,7 +6,7 @@ numbered breadth first (depth by depth, in order of first occurrence over the ro
 parent always precedes its children. Row j of the k draft sequences passes through node
 ``node_of[j, t]`` at depth t.
 
-One target forward scores every node (SpecTr §2.3 in ``reference/theory.md``; SpecInfer's
+One target forward scores every node (SpecTr §2.3; SpecInfer's
 tree attention). The input is the chain of *pending* tokens (committed tokens not yet in the
 cache; its last one is the root) followed by the non-root nodes. Node i sits at position
 ``root_position + depth[i]`` and attends to the whole cache, to the pending chain, and to its
