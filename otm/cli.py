@@ -356,8 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="prompts of the fixed set to decode (1-8, default 2)")
     demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt and contender (default 48)")
     demo.set_defaults(func=_cmd_demo)
-    __import__("otm.gap", fromlist=["register"]).register(sub)  # `otm gap` (otm/gap.py)
-    __import__("otm.decode.cli", fromlist=["register"]).register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)
+    from . import gap
+    from .decode import cli as decode_cli  # imports no torch until a command runs
+
+    gap.register(sub)  # `otm gap` (otm/gap.py)
+    decode_cli.register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)
     return parser
 
 
