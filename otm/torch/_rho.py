@@ -29,12 +29,10 @@ falling back to bisection where interpolation stalls (kinks, flat sides).
   :math:`\beta \approx 1` (identical or nearly identical laws, near point masses).
 
 A row is searched on the first form when :math:`\beta(1) = \sum \min(p, q)` is
-below :data:`BETA_FORM_BELOW`, else on the second. numpy uses the first form
-everywhere; where :math:`\beta \approx 1` it subtracts numbers close to 1, and
-where ``g`` is also flat (:math:`(1-\beta)^k` below 1e-16) that noise decides the
-sign: numpy returns 1.000005 instead of 1 for identical laws with k = 3, and is off
-by up to ~1e-5 on near point masses (the tests measure both against exact
-rational arithmetic). Rows with :math:`\beta(1) = 0` (disjoint) get 1, as numpy's
+below :data:`BETA_FORM_BELOW`, else on the second. (The first form alone subtracts numbers
+close to 1 where :math:`\beta \approx 1`, and where ``g`` is also flat that noise decides the
+sign; the numpy twin, which searches each bracketing segment's closed form, now returns the same
+float on the rows the tests measure against exact rational arithmetic.) Rows with :math:`\beta(1) = 0` (disjoint) get 1, as numpy's
 :math:`g(1) = 0` gives.
 
 **Result.** The end of Brent's final bracket where ``g <= 0`` was evaluated
