@@ -543,3 +543,12 @@ def test_models_that_misbehave_are_named_in_one_line():
     small.get_input_embeddings = lambda: torch.nn.Embedding(3, 2)
     with pytest.raises(OtmError, match="vocabulary"):
         speculative_decode(good, small, [1, 2], k=2, length=2, seed=0)
+
+
+def test_models_whose_attention_cannot_take_the_tree_mask_are_refused():
+    for role in ("target", "draft"):
+        target, draft = tiny_llama(0), tiny_llama(1)
+        (target if role == "target" else draft).config._attn_implementation = "flash_attention_2"
+        with pytest.raises(OtmError) as err:
+            speculative_decode(target, draft, [1, 2], k=2, length=2, seed=0, max_new_tokens=3)
+        assert f"the {role} model uses flash_attention_2" in str(err.value) and "\n" not in str(err.value)

@@ -260,7 +260,20 @@ def _is_feature_draft(model) -> bool:
     return isinstance(model, FeatureDraft)
 
 
+def _check_attention(model, role: str) -> None:
+    """A model whose attention cannot take the decoder's 4D additive tree mask is refused in one line."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(impl, str) and "flash" in impl:
+        raise OtmError(
+            f"the {role} model uses {impl}, which cannot take the tree attention mask: load it with "
+            "attn_implementation='sdpa' or 'eager'"
+        )
+
+
 def _check_models(target, draft) -> None:
+    _check_attention(target, "target")
+    if not _is_feature_draft(draft):
+        _check_attention(draft, "draft")
     vt, vd = _vocab_size(target), _vocab_size(draft)
     if vt is not None and vd is not None and vt != vd:
         raise OtmError(
