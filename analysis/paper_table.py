@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otm.gap import load_resume_cache, write_table  # noqa: E402
+from otm.analysis.io import load_resume_cache, write_table  # noqa: E402
 
 PROMPTS = [
     # instruction following (Alpaca / Dolly style)
@@ -76,7 +76,7 @@ COLUMNS = ("opt_iid", "kseq", "rrs", "opt_wo", "rrsw", "opt_greedy", "greedy")
 
 
 def default_loader():
-    from otm.models import load_pair
+    from otm.decode.models import load_pair
 
     return load_pair()
 
@@ -103,10 +103,10 @@ default_loader.fingerprint = lambda: _dir_fingerprint(_default_draft_dir())
 
 
 def pair_loader(target=None, draft=None):
-    """A loader for ``otm.models.load_pair(target, draft)`` (``None``: the embedded default)."""
+    """A loader for ``otm.decode.models.load_pair(target, draft)`` (``None``: the embedded default)."""
 
     def loader():
-        from otm.models import load_pair
+        from otm.decode.models import load_pair
 
         return load_pair(target, draft)
 
@@ -158,7 +158,7 @@ def laws_for_prompt(target_model, draft_model, tokenizer, prompt: str, *, positi
     """
     import torch
 
-    from otm.feature_draft import draft_logits
+    from otm.decode.feature_draft import draft_logits
 
     ids = torch.tensor([_prompt_ids(tokenizer, prompt)])
     gen = torch.Generator().manual_seed(seed)
@@ -174,11 +174,11 @@ def laws_for_prompt(target_model, draft_model, tokenizer, prompt: str, *, positi
 
 
 def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
-    from otm import rrsw_acceptance
+    from otm.verifiers import rrs_without_replacement
     from otm.optimum import optimal_acceptance
     from otm.verifiers import greedy, kseq, rrs
 
-    est = rrsw_acceptance.acceptance(target, draft, k, paths=paths, rng=rng)
+    est = rrs_without_replacement.acceptance(target, draft, k, paths=paths, rng=rng)
     return {
         "opt_iid": optimal_acceptance(target, draft, k, "iid"),
         "kseq": kseq.acceptance(target, draft, k),

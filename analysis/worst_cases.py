@@ -1,6 +1,6 @@
 """Adversarial worst cases of K-SEQ, RRS and RRS without replacement against the optimum.
 
-For each rule, k and V, :func:`otm.worst_case.search` minimises acceptance / optimum of the
+For each rule, k and V, :func:`otm.analysis.worst_case.search` minimises acceptance / optimum of the
 rule's scheme over softmax-parametrised (target, draft) from several seeded starts. Results are
 cached one JSON line per (rule, k, V) in ``<out>/cache/worst_cases.jsonl`` (resumable: a rerun
 skips what is there), then summarised into
@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otm.gap import load_resume_cache, write_table  # noqa: E402
-from otm.worst_case import bound, search  # noqa: E402
+from otm.analysis.io import load_resume_cache, write_table  # noqa: E402
+from otm.analysis.worst_case import bound, search  # noqa: E402
 
 RRSW_MAX_TUPLES = 60_000  # exact RRSw path sum per evaluation: V^k entries at most
 GRID = 200  # V = 2 cross-check: target (a, 1-a), draft (b, 1-b) on a GRID x GRID grid of (0, 1)^2
@@ -36,7 +36,7 @@ GRID = 200  # V = 2 cross-check: target (a, 1-a), draft (b, 1-b) on a GRID x GRI
 
 def grid_v2(rule: str, k: int, n: int) -> dict:
     """Exhaustive grid over two-token laws: the worst ratio on it (no optimiser involved)."""
-    from otm.worst_case import RULES
+    from otm.analysis.worst_case import RULES
 
     f = RULES[rule]
     g = (np.arange(n) + 0.5) / n

@@ -102,7 +102,7 @@ def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, st
     if name == "spechub":
         return spechub.acceptance(target, draft), CLOSED_FORMS[name]
     if name == "rrs_without_replacement":
-        from .rrsw_acceptance import acceptance
+        from .verifiers.rrs_without_replacement import acceptance
 
         est = acceptance(target, draft, k, rng=0)
         if est.method == "exact":
@@ -284,7 +284,7 @@ def _demo_decode(args) -> int:
 
     from .decode.bench import run_bench
     from .decode.sampling import Sampling
-    from .models import load_pair
+    from .decode.models import load_pair
 
     torch.set_num_threads(1)  # measured here: one thread per process is faster and steadier on 2 cores
     print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target,")
@@ -356,10 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="prompts of the fixed set to decode (1-8, default 2)")
     demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt and contender (default 48)")
     demo.set_defaults(func=_cmd_demo)
-    from . import gap
+    from .analysis import cli as analysis_cli
     from .decode import cli as decode_cli  # imports no torch until a command runs
 
-    gap.register(sub)  # `otm gap` (otm/gap.py)
+    analysis_cli.register(sub)  # `otm gap` (otm/analysis/cli.py)
     decode_cli.register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)
     return parser
 

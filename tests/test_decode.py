@@ -1,6 +1,6 @@
 """Tests of otm.decode: tree mask, exact sequence law end to end, transformers' sampler, bad input.
 
-Exact tests run the REAL decoder in its exact mode (``otm.decode.exact.exact_decode``: every
+Exact tests run the REAL decoder in its exact mode (``otm.decode.exact_mode.exact_decode``: every
 random choice through the decoder's one door, enumerated) and compare the law of the first T
 tokens with the target's own law (plain enumeration of its processed laws) to 1e-12.
 
@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import otm.torch as ot
 from otm.decode import DraftTree, Sampling, autoregressive_decode, next_token_laws, speculative_decode, tree_inputs
 from otm.certify.decoder_mutants import DECODER_MUTANTS
-from otm.decode.exact import as_vectors, exact_decode_law, law_error, target_law
+from otm.decode.exact_mode import as_vectors, exact_decode_law, law_error, target_law
 from otm.decode.toy import ToyLM, model_law
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
@@ -221,7 +221,7 @@ def test_exact_mode_catches_broken_rules_and_every_planted_decoder_bug():
 
 
 def test_exact_mode_refuses_what_it_cannot_enumerate():
-    from otm.decode.exact import exact_decode
+    from otm.decode.exact_mode import exact_decode
 
     def opaque(target, draft, drafts, *, generator=None, validate=True):
         return ot.kseq(target, draft, drafts, generator=generator, validate=validate)
@@ -495,7 +495,8 @@ def test_cli_bad_input_one_line(tmp_path, capsys):
 def test_real_target_tree_mask_and_rollback():
     """SmolLM2-135M-Instruct (fp32): tree logits equal plain forwards of each branch (1e-4), and with
     the target as its own draft every draft is accepted (both caches rolled back right)."""
-    from otm.models import default_target_path, load_pair
+    from otm.decode.models import load_pair
+    from otm.decode.embedded import default_target_path
 
     target, _, tokenizer = load_pair(None, default_target_path())
     prompt = tokenizer("The sky is blue because")["input_ids"]

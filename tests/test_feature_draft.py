@@ -1,4 +1,4 @@
-"""Tests of the feature draft (otm.feature_draft) and of the decoder running it.
+"""Tests of the feature draft (otm.decode.feature_draft) and of the decoder running it.
 
 The decoder stays exact whatever law its draft has, so two kinds of test are needed: that the
 laws the decoder draws from are the feature draft's laws as defined (true target features for
@@ -19,9 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from otm.decode import Sampling, next_token_laws, speculative_decode
 from otm.decode import decoder as dec
-from otm.decode.exact import as_vectors, exact_decode_law, law_error, target_law
+from otm.decode.exact_mode import as_vectors, exact_decode_law, law_error, target_law
 from otm.decode.toy import model_law
-from otm.feature_draft import (
+from otm.decode.feature_draft import (
     FeatureDraft, build_feature_draft, is_feature_draft, load_feature_draft, save_feature_draft, shifted_features,
     target_features,
 )
@@ -191,7 +191,7 @@ def test_sequence_law_with_feature_draft_and_negative_control():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    from otm.models import load_draft
+    from otm.decode.models import load_draft
 
     target, draft = tiny_pair(9)
     save_feature_draft(draft, tmp_path / "fd")
@@ -258,7 +258,7 @@ def test_cli_decode_and_bench_with_a_feature_draft(tmp_path, capsys):
 def test_draft_logits_for_either_kind_of_draft():
     """``draft_logits`` gives a feature draft the target's features (its law at every position
     equals the cache-free reference) and a plain draft its own forward."""
-    from otm.feature_draft import draft_logits
+    from otm.decode.feature_draft import draft_logits
 
     target, draft = tiny_pair(15)
     ids = [1, 2, 3, 4, 5]

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from otm import gap, rrsw_acceptance
+from otm.analysis import gap
+from otm.verifiers import rrs_without_replacement
 from otm.cli import main
 from otm.exact import evaluate
 from otm.laws import OtmError
 from otm.schemes import WithoutReplacement
-from otm.worst_case import bound, search
+from otm.analysis.worst_case import bound, search
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def test_rrsw_exact_matches_enumeration():
     worst = 0.0
     for p, q, k in _cases(40):
         ev = evaluate("rrs_without_replacement", WithoutReplacement(q, k), p)
-        worst = max(worst, abs(rrsw_acceptance.exact(p, q, k) - ev.acceptance))
+        worst = max(worst, abs(rrs_without_replacement.acceptance_exact(p, q, k) - ev.acceptance))
     assert worst < 1e-12
 
 
@@ -56,8 +57,8 @@ def test_rrsw_monte_carlo_is_unbiased_within_its_error():
         V = int(rng.integers(4, 8))
         k = int(rng.integers(2, 4))
         p, q = rng.dirichlet(np.full(V, 0.7)), rng.dirichlet(np.full(V, 0.7))
-        truth = rrsw_acceptance.exact(p, q, k)
-        est = rrsw_acceptance.monte_carlo(p, q, k, paths=3000, rng=i)
+        truth = rrs_without_replacement.acceptance_exact(p, q, k)
+        est = rrs_without_replacement.acceptance_monte_carlo(p, q, k, paths=3000, rng=i)
         if est.se < 1e-10:  # every path scores the same (k = 1, or a single rejection branch)
             assert abs(est.value - truth) < 1e-10
             continue
@@ -69,8 +70,8 @@ def test_rrsw_monte_carlo_is_unbiased_within_its_error():
 def test_rrsw_monte_carlo_negative_control():
     # the same z-test catches an estimator that is off by 1%: a wrong acceptance must fail it
     p, q = np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.1, 0.2, 0.3, 0.4])
-    truth = rrsw_acceptance.exact(p, q, 3)
-    est = rrsw_acceptance.monte_carlo(p, q, 3, paths=20000, rng=0)
+    truth = rrs_without_replacement.acceptance_exact(p, q, 3)
+    est = rrs_without_replacement.acceptance_monte_carlo(p, q, 3, paths=20000, rng=0)
     assert abs(est.value - truth) < 4.5 * est.se
     assert abs(est.value * 0.99 - truth) > 4.5 * est.se
 
@@ -78,15 +79,15 @@ def test_rrsw_monte_carlo_negative_control():
 def test_rrsw_acceptance_falls_back_to_monte_carlo_and_errors():
     rng = np.random.default_rng(3)
     p, q = rng.dirichlet(np.ones(40)), rng.dirichlet(np.ones(40))
-    est = rrsw_acceptance.acceptance(p, q, 6, paths=500, rng=0, max_states=10_000)
+    est = rrs_without_replacement.acceptance(p, q, 6, paths=500, rng=0, max_states=10_000)
     assert est.method == "monte_carlo" and est.se > 0 and 0 < est.value < 1
-    assert rrsw_acceptance.acceptance(p, q, 2).method == "exact"
+    assert rrs_without_replacement.acceptance(p, q, 2).method == "exact"
     with pytest.raises(OtmError, match="max_states"):
-        rrsw_acceptance.exact(p, q, 5, max_states=1000)
+        rrs_without_replacement.acceptance_exact(p, q, 5, max_states=1000)
     with pytest.raises(OtmError, match="at least k=3"):
-        rrsw_acceptance.exact([0.5, 0.5, 0.0], [0.5, 0.5, 0.0], 3)
+        rrs_without_replacement.acceptance_exact([0.5, 0.5, 0.0], [0.5, 0.5, 0.0], 3)
     with pytest.raises(OtmError, match="paths >= 2"):
-        rrsw_acceptance.monte_carlo(p, q, 2, paths=1)
+        rrs_without_replacement.acceptance_monte_carlo(p, q, 2, paths=1)
 
 
 # ----------------------------------------------------------------------------- adversarial search
@@ -110,7 +111,25 @@ def test_search_never_breaks_the_kseq_bound(k):
     assert again == pytest.approx(w.ratio, abs=1e-12)
 
 
-@pytest.mark.parametrize("rule", ["first_draft", "kseq_x0.8"])
+def first_draft(p, q, k):
+    """Negative control: single-draft speculative sampling on the first of the k i.i.d. drafts,
+    sum_x min(p, q), a valid rule that ignores k - 1 drafts; its ratio tends to 1/k (target one-hot
+    on a token of small draft mass), below 1-(1-1/k)^k for every k >= 2."""
+    from otm.analysis.worst_case import MIN_OPTIMUM
+    from otm.optimum import optimal_acceptance
+
+    opt = optimal_acceptance(p, q, k, "iid")
+    return float(np.minimum(p, q).sum()) / opt if opt >= MIN_OPTIMUM else 2.0  # as the search's own rules
+
+
+def kseq_x08(p, q, k):
+    """Negative control: K-SEQ's ratio scaled by 0.8."""
+    from otm.analysis.worst_case import RULES
+
+    return 0.8 * RULES["kseq"](p, q, k)
+
+
+@pytest.mark.parametrize("rule", [first_draft, kseq_x08])
 @pytest.mark.parametrize("k", [2, 3])
 def test_search_negative_control_finds_a_violation(rule, k):
     # the same search, run on rules known to fall below 1-(1-1/k)^k, must find it
@@ -167,12 +186,17 @@ def test_otm_gap_cli_writes_outputs_and_resumes(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert {r["ratio"] for r in rows} == {"kseq", "rrs", "rrsw"}
     assert all(float(r["min"]) >= float(r["bound"]) - 1e-9 for r in rows if r["ratio"] == "kseq")
-    # resume: drop one cached row, rerun, the row comes back identical and the rest is reused
-    cache = next((tmp_path / "cache").rglob("dirichlet-0.1.csv"))
+    # resume: drop one cached row and tear the one before (an interrupted write), rerun: both come
+    # back identical, the rest is reused, and a second rerun computes nothing more
+    cache = next((tmp_path / "cache").rglob("dirichlet-0.1.jsonl"))
     lines = cache.read_text().splitlines()
-    cache.write_text("\n".join(lines[:-1]) + "\n")
+    cache.write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:20])
     assert main(argv) == 0
-    assert cache.read_text().splitlines()[-1] == lines[-1]
+    again = cache.read_text().splitlines()
+    assert again[:-3] == lines[:-2] and again[-3] == lines[-2][:20]
+    assert sorted(again[-2:]) == sorted(lines[-2:])
+    assert main(argv) == 0
+    assert cache.read_text().splitlines() == again
     out = capsys.readouterr().out
     assert "wrote" in out
 

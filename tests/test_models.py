@@ -1,4 +1,4 @@
-"""Tests for otm.models: cache location, the committed draft, load_pair's refusals.
+"""Tests for otm.decode.models and otm.decode.embedded: cache location, the committed draft, load_pair's refusals.
 
 The light tests never load the 135M target (it is converted into the user cache on first use,
 30-40 s); those that do are marked ``model`` and run by ``make test-models`` only.
@@ -7,7 +7,7 @@ The light tests never load the 135M target (it is converted into the user cache 
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from otm.laws import OtmError  # noqa: E402
-from otm.models import (  # noqa: E402
-    DRAFT_DIR,
-    VOCAB_SIZE,
-    cache_dir,
-    default_draft_path,
-    load_pair,
-)
+from otm.decode.embedded import DRAFT_DIR, VOCAB_SIZE, cache_dir, default_draft_path  # noqa: E402
+from otm.decode.models import load_pair  # noqa: E402
 
 MAX_DRAFT_BYTES = 20 * 1024 * 1024
 
@@ -56,7 +51,7 @@ def test_cache_dir_falls_back_to_xdg_then_home(monkeypatch, tmp_path):
 
 
 def test_draft_dir_is_committed_and_small():
-    from otm.models import TOKEN_DRAFT_DIR, default_token_draft_path
+    from otm.decode.embedded import TOKEN_DRAFT_DIR, default_token_draft_path
 
     assert default_draft_path() == DRAFT_DIR
     assert default_token_draft_path() == TOKEN_DRAFT_DIR
@@ -74,7 +69,7 @@ def test_committed_feature_draft_holds_only_its_own_tensors():
     (the 49152 x 576 embedding and head are the target's), at the target's width."""
     from safetensors.torch import load_file
 
-    from otm.feature_draft import is_feature_draft
+    from otm.decode.feature_draft import is_feature_draft
 
     assert is_feature_draft(DRAFT_DIR)
     state = load_file(str(DRAFT_DIR / "model.safetensors"))
@@ -84,11 +79,9 @@ def test_committed_feature_draft_holds_only_its_own_tensors():
 
 
 def test_draft_gives_a_finite_normalised_next_token_law():
-    from otm.models import default_token_draft_path, draft_shares_embedding
+    from otm.decode.embedded import default_token_draft_path
 
-    # the committed token-only draft is self-contained (drafts sharing the target's embedding: tests below)
     path = default_token_draft_path()
-    assert not draft_shares_embedding(path)
     draft = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert draft.config.vocab_size == VOCAB_SIZE
     gen = torch.Generator().manual_seed(0)
@@ -104,52 +97,8 @@ def test_draft_gives_a_finite_normalised_next_token_law():
     assert not torch.allclose(law[0], law[1])
 
 
-# --- drafts that share their target's embedding (tiny models) --------------------------------
-
-
-def _tiny_shared_pair(tmp_path: Path, *, target_hidden: int = 16, drop: str | None = None):
-    """A tiny target and a tiny draft saved the way train_draft.py saves a shared draft; also
-    the reference draft (a plain LlamaForCausalLM holding the target's embedding)."""
-    from safetensors.torch import save_file
-
-    from otm.models import SHARED_EMBEDDING_KEY
-
-    target = _tiny_llama(tmp_path / "target", 64, hidden=target_hidden)
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
-    )
-    torch.manual_seed(1)
-    ref = transformers.LlamaForCausalLM(config).eval()
-    if target_hidden == 16:
-        tmodel = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-        with torch.no_grad():
-            ref.get_input_embeddings().weight.copy_(tmodel.get_input_embeddings().weight)
-    (tmp_path / "draft").mkdir()
-    cfg = config.to_dict() | {SHARED_EMBEDDING_KEY: "target"}
-    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
-    state = {k: v.contiguous() for k, v in ref.state_dict().items()
-             if k not in ("model.embed_tokens.weight", "lm_head.weight") and k != drop}
-    save_file(state, str(tmp_path / "draft" / "model.safetensors"), metadata={"format": "pt"})
-    return target, tmp_path / "draft", ref
-
-
-def test_shared_draft_loads_with_the_target_embedding_and_matches_reference(tmp_path):
-    target_dir, draft_dir, ref = _tiny_shared_pair(tmp_path)
-    from otm.models import draft_shares_embedding, load_draft
-
-    assert draft_shares_embedding(draft_dir) and not draft_shares_embedding(target_dir)
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    draft = load_draft(draft_dir, target)
-    assert draft.get_input_embeddings().weight is target.get_input_embeddings().weight
-    ids = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        got, want = draft(input_ids=ids).logits, ref(input_ids=ids).logits
-    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
-
-
 def test_load_draft_plain_model_follows_the_target_and_checks_the_vocabulary(tmp_path):
-    from otm.models import load_draft
+    from otm.decode.models import load_draft
 
     target = transformers.AutoModelForCausalLM.from_pretrained(
         _tiny_llama(tmp_path / "t", 32), dtype=torch.float64).eval()
@@ -163,27 +112,6 @@ def test_load_draft_plain_model_follows_the_target_and_checks_the_vocabulary(tmp
     for missing in ("some/missing_dir", tmp_path / "nowhere"):  # a Hub-like name is not looked up on the Hub
         with pytest.raises(OtmError, match="does not exist"):
             load_draft(missing, target)
-
-
-def test_shared_draft_refuses_a_target_of_another_width(tmp_path):
-    from otm.models import load_draft
-
-    target_dir, draft_dir, _ = _tiny_shared_pair(tmp_path, target_hidden=24)
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    with pytest.raises(OtmError) as exc:
-        load_draft(draft_dir, target)
-    msg = _one_line(exc)
-    assert "64 x 16" in msg and "64 x 24" in msg
-
-
-def test_shared_draft_missing_tensor_is_refused(tmp_path):
-    from otm.models import load_draft
-
-    target_dir, draft_dir, _ = _tiny_shared_pair(tmp_path, drop="model.norm.weight")
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    with pytest.raises(OtmError) as exc:
-        load_draft(draft_dir, target)
-    assert "model.norm.weight" in _one_line(exc)
 
 
 def test_draft_package_data_is_declared():
@@ -259,7 +187,7 @@ def test_target_converts_and_matches_the_draft_vocabulary(pair):
     assert target.config.vocab_size == draft.config.vocab_size == VOCAB_SIZE
     assert len(tokenizer) == VOCAB_SIZE
     assert not target.training and not draft.training
-    from otm.models import default_target_path
+    from otm.decode.embedded import default_target_path
 
     path = default_target_path()
     assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
@@ -269,7 +197,8 @@ def test_target_converts_and_matches_the_draft_vocabulary(pair):
 
 @pytest.mark.model
 def test_draft_acceptance_on_held_out_prompts(pair):
-    from otm.models import held_out_acceptance
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis" / "lab"))  # the lab is not a package
+    from draftlab import held_out_acceptance
 
     target, draft, tokenizer = pair
     prompts = ["How do submarines dive and surface?", "Write a haiku about a quiet train station at night."]

@@ -6,7 +6,7 @@ the decoder's interface, table logits) and the law of the first T new tokens is 
 target's own law of T tokens (plain enumeration of its processed next-token laws):
 
 * **exact**, when the verifier's exact conditional law is known (a built-in, or a callable with a
-  ``.law(target, draft, drafts)`` attribute): :func:`otm.decode.exact.exact_decode` enumerates
+  ``.law(target, draft, drafts)`` attribute): :func:`otm.decode.exact_mode.exact_decode` enumerates
   every run of the real decoder code (every draft token, verification outcome and bonus token
   through the decoder's one door of chance); certified when the law error is at most 1e-9 on
   every setting;
@@ -87,7 +87,7 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
     exact : force (True) or forbid (False) the exact mode; default: exact when the law is known.
     """
     from ..decode.decoder import resolve_verifiers, speculative_decode
-    from ..decode.exact import exact_decode, law_error, target_law, total_variation
+    from ..decode.exact_mode import exact_decode, law_error, target_law, total_variation
     from ..decode.toy import model_law
 
     root, deep, label = resolve_verifiers(verifier, scheme, k)

@@ -3,7 +3,7 @@ r"""Planted, realistic bugs in the decoder (:mod:`otm.decode.decoder`): what its
 Each mutant is a context manager that replaces one small method of the decoder (or the tree
 inputs) by a copy with one realistic mistake; the docstring says which line of the real code it
 changes. Inside the ``with`` block :func:`otm.decode.speculative_decode` runs the broken decoder,
-so the exact mode (:func:`otm.decode.exact.exact_decode`, the decoder's own code with every random
+so the exact mode (:func:`otm.decode.exact_mode.exact_decode`, the decoder's own code with every random
 choice enumerated) gives the broken decoder's exact law, and :func:`exact_tv` its total variation
 from the target on a fixed toy setting.
 
@@ -156,7 +156,7 @@ def toy_setting(overrides: dict | None = None):
 
 def exact_tv(mutant: DecoderMutant) -> float:
     """Exact total variation between the broken decoder's law of T tokens and the target's, on the toy setting."""
-    from ..decode.exact import exact_decode_law, target_law, total_variation
+    from ..decode.exact_mode import exact_decode_law, target_law, total_variation
     from ..decode.toy import model_law
 
     target, draft, prompt, sampling, T = toy_setting(mutant.setting)

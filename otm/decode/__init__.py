@@ -9,8 +9,12 @@ Usage (``target``, ``draft``: transformers causal LMs sharing a vocabulary)::
 
 Modules: :mod:`~otm.decode.sampling` (processed laws), :mod:`~otm.decode.tree` (prefix tree,
 4D mask), :mod:`~otm.decode.decoder` (drafting, target pass, walk, rollback, baselines),
-:mod:`~otm.decode.exact` (exact law of the decoder by enumeration), :mod:`~otm.decode.bench`
-and :mod:`~otm.decode.cli` (``otm decode``, ``otm bench-decode``). See ``docs/decode.md``.
+:mod:`~otm.decode.chance` (the one door every random choice goes through),
+:mod:`~otm.decode.exact_mode` (exact law of the decoder by enumeration), :mod:`~otm.decode.toy`
+(tiny exact language models), :mod:`~otm.decode.models` (loading any Hugging Face pair, local
+files only), :mod:`~otm.decode.embedded` (the embedded SmolLM2 pair), :mod:`~otm.decode.feature_draft`
+(drafts that read the target's features), :mod:`~otm.decode.bench`, :mod:`~otm.decode.stream` and
+:mod:`~otm.decode.cli` (``otm decode``, ``otm bench-decode``). See ``docs/decode.md``.
 
 Names are imported lazily, so ``otm.cli`` can register the subcommands without importing torch.
 """

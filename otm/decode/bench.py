@@ -6,7 +6,7 @@ Contenders, all on the same models, prompts, sampling and token budget, in one r
 * ``hf assisted``: transformers' own assisted generation, ``target.generate(...,
   assistant_model=draft, do_sample=True)`` with transformers' default assistant settings; its
   target calls are counted by a forward hook on the target. transformers cannot run a draft that
-  reads the target's features (:class:`otm.feature_draft.FeatureDraft`); with one, this row runs
+  reads the target's features (:class:`otm.decode.feature_draft.FeatureDraft`); with one, this row runs
   a plain causal-LM ``peer_draft`` instead (the CLI's default: the embedded token-only draft) and
   says so in its name;
 * ``k = 1`` (ordinary speculative sampling) for each L;
@@ -180,7 +180,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     """
     from tqdm import tqdm
 
-    from ..feature_draft import FeatureDraft
+    from .feature_draft import FeatureDraft
     from ..laws import OtmError
 
     prompts = [encode_prompt(tokenizer, p) for p in PROMPTS[:n_prompts]]

@@ -25,7 +25,7 @@ Two doors:
   list of options with float64 probabilities, zero-probability options left out. It takes the
   options named by a forced prefix of indices, then option 0, and records every choice's
   option count and the probability of the run (the product of its choices' probabilities).
-  :func:`otm.decode.exact.exact_decode` replays the real decoder depth first over every prefix
+  :func:`otm.decode.exact_mode.exact_decode` replays the real decoder depth first over every prefix
   to get the exact law of its output.
 
 Elementary choices of :class:`Enumerated` (all float64):

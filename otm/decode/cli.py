@@ -11,7 +11,7 @@ stderr; ``--json`` prints one object.
                      [--max-new-tokens 64] [--prompts 8] [--no-hf]
 
 Models: ``--target``/``--draft`` are Hugging Face model directories; left out, the embedded pair
-of :func:`otm.models.load_pair` (SmolLM2-135M-Instruct and the committed draft). The prompt is
+of :func:`otm.decode.models.load_pair` (SmolLM2-135M-Instruct and the committed draft). The prompt is
 a user message passed through the tokenizer's chat template (``--raw`` feeds it as is).
 Bad input raises :class:`otm.laws.OtmError` (one line; ``otm.cli.main`` prints it, exit 2).
 Nothing here imports torch until a command runs.
@@ -93,7 +93,7 @@ def _sampling(args):
 def _load(args):
     import torch
 
-    from ..models import load_pair
+    from .models import load_pair
 
     if args.threads is not None:
         if args.threads < 1:
@@ -199,12 +199,13 @@ def cmd_bench(args) -> int:
         + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
     )
     target, draft, tokenizer = _load(args)
-    from ..feature_draft import FeatureDraft
-    from ..models import default_token_draft_path, load_draft
+    from .feature_draft import FeatureDraft
+    from .embedded import default_token_draft_path
+    from .models import load_draft
 
     peer = None
     if not args.no_hf and (args.peer_draft or isinstance(draft, FeatureDraft)):
-        from ..models import _model_dir
+        from .models import _model_dir
 
         path = _model_dir(args.peer_draft, "peer draft") if args.peer_draft else default_token_draft_path()
         peer = load_draft(path, target)

@@ -232,7 +232,7 @@ class _Runner:
 
 
 class _FeatureRunner(_Runner):
-    """A feature draft (:class:`otm.feature_draft.FeatureDraft`) with its KV cache.
+    """A feature draft (:class:`otm.decode.feature_draft.FeatureDraft`) with its KV cache.
 
     Each element it reads is a token with the target's feature at the position before it (or,
     inside a drafted chain, the draft's own guess of that feature); it returns hidden states,
@@ -255,7 +255,7 @@ class _FeatureRunner(_Runner):
 
 
 def _is_feature_draft(model) -> bool:
-    from ..feature_draft import FeatureDraft
+    from .feature_draft import FeatureDraft
 
     return isinstance(model, FeatureDraft)
 
@@ -286,7 +286,7 @@ def _check_models(target, draft) -> None:
         head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
         if head is None or tuple(head.weight.shape) != tuple(draft.head.shape):
             raise OtmError("this feature draft reads another target's features (its head has another shape): "
-                           "load it next to its target with otm.models.load_draft")
+                           "load it next to its target with otm.decode.models.load_draft")
 
 
 def _prompt_ids(input_ids, vocab: int | None) -> list[int]:
@@ -657,7 +657,7 @@ def speculative_decode(
         position_ids=, attention_mask=4D, past_key_values=, use_cache=True)`` returning ``.logits``
         and a ``Cache`` with ``crop``, ``batch_repeat_interleave``, ``batch_select_indices``),
         sharing one vocabulary, on one device. The draft may instead be a
-        :class:`otm.feature_draft.FeatureDraft` built for this target: it then reads the
+        :class:`otm.decode.feature_draft.FeatureDraft` built for this target: it then reads the
         target's features (its head's inputs in each target pass), and the first step drafts
         nothing (the prompt's features come from that step's target pass).
     input_ids : list of int, or tensor ``[n]`` / ``[1, n]`` (batch size 1).
@@ -678,7 +678,7 @@ def speculative_decode(
         emitted tokens with the next tree: any cache with ``crop``). Same law, same call count.
     on_tokens : called with each step's new tokens (streaming).
     chance : the door of every random choice (:mod:`otm.decode.chance`); default
-        ``Sampled(generator or seed, validate)``. :func:`otm.decode.exact.exact_decode` passes an
+        ``Sampled(generator or seed, validate)``. :func:`otm.decode.exact_mode.exact_decode` passes an
         ``Enumerated`` door to enumerate the runs of this very code.
 
     Returns

@@ -4,7 +4,7 @@ r"""Toy causal language models for exact tests of the decoder (tiny V, table loo
 ``attention_mask``, a transformers ``DynamicCache``), and its logits are read from a random
 table, so every law the decoder computes in a tree pass is bit-identical to the law of a plain,
 cache-free forward of the same prefix (:func:`model_law`): the exact mode of
-:mod:`otm.decode.exact` can then compare the decoder's output law with the target's to 1e-12.
+:mod:`otm.decode.exact_mode` can then compare the decoder's output law with the target's to 1e-12.
 
 The logits of a query are ``table[token, previous, position % 2]``, with ``previous`` the token
 the query attends to at the largest position before its own (``V`` for none). The model depends
@@ -84,7 +84,7 @@ def model_law(model, prompt, sampling: Sampling | None = None) -> Callable[[tupl
     One plain forward of the whole sequence without a cache (``model(input_ids=[1, n])``),
     processed by ``sampling`` (temperature, top-k, top-p: :func:`~otm.decode.sampling.next_token_laws`)
     in float64; memoised per prefix. Works for any causal LM with ``.logits`` (ToyLM, a Hugging
-    Face model). This is the reference law of :func:`otm.decode.exact.target_law`.
+    Face model). This is the reference law of :func:`otm.decode.exact_mode.target_law`.
     """
     sampling = Sampling() if sampling is None else sampling
     prompt = [int(t) for t in prompt]

@@ -33,7 +33,6 @@ Brent's method to machine precision.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import brentq
 
 from ..laws import check_k, check_law
 from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
@@ -102,6 +101,8 @@ def rho_star(target, draft, k: int) -> float:
     elif segment_g(hi, seg) >= 0.0:
         root = hi
     else:
+        from scipy.optimize import brentq  # here, not at import: otm.torch reads SAFETY without scipy
+
         root = brentq(lambda x: segment_g(x, seg), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
     rho = min(float(k), root * (1.0 + SAFETY))
     return rho

@@ -22,7 +22,7 @@ Two phases, both seeded; run them together (default) or apart:
           backward run under bf16 autocast (fp32 weights and loss). The best checkpoint on a
           validation split of the generated data (48 sequences; exact full-vocabulary KL and
           acceptance sum_x min(target, draft) from the stored hidden states) is saved in fp16 to
-          ``--out`` (default ``otm/draft_model/``) as config.json + model.safetensors, the tied
+          ``--out`` (required: the lab never writes into the package by itself) as config.json + model.safetensors, the tied
           head stored once; the draft uses the target's tokenizer.
 
 The committed draft is the fourth round of this script (``docs/models.md``): data from the
@@ -33,20 +33,21 @@ sampling pays for into the objective.
 Distilling on full next-token laws is far more sample-efficient than on sampled text: every
 position carries a whole distribution, not one token, and the acceptance
 ``sum_x min(target(x), draft(x)) = 1 - TV`` that speculative decoding reaches is what this
-loss pulls up. The held-out evaluation is ``analysis/eval_draft.py`` (prompts disjoint from
+loss pulls up. The held-out evaluation is ``analysis/lab/eval_draft.py`` (prompts disjoint from
 the ones below).
 
-    python analysis/train_draft.py                      # data (cached) + train, ~60 min on 2 cores
-    python analysis/train_draft.py --phase data --workers 2 --worker 0 &   # data in two processes
-    python analysis/train_draft.py --phase data --workers 2 --worker 1
-    python analysis/train_draft.py --phase train --threads 2
+    python analysis/lab/train_draft.py                      # data (cached) + train, ~60 min on 2 cores
+    python analysis/lab/train_draft.py --phase data --workers 2 --worker 0 &   # data in two processes
+    python analysis/lab/train_draft.py --phase data --workers 2 --worker 1
+    python analysis/lab/train_draft.py --phase train --threads 2
 
 ``--arch features`` (sixth and seventh rounds, the committed default ``otm/draft_model/``) trains a draft that
-reads the target's features instead (EAGLE-style, ``otm/feature_draft.py``): one Llama layer on
+reads the target's features instead (EAGLE-style, ``otm/decode/feature_draft.py``): one Llama layer on
 the target's embedding and head, fed (token, the target's feature at the previous position);
 the shards' stored hidden states are those features, the prompt positions' are computed once and
 cached (``pfeat_XXXX.pt``); loss = the same KL + w (1 - acceptance) + a smooth-L1 term on the
-guessed features. The token-only drafts go to ``otm/draft_small/``.
+guessed features. The committed token-only draft is ``otm/draft_small/``; a trained draft is
+committed by copying ``--out`` over one of the two directories.
 
 Results, timings and the exact commands used: ``docs/models.md``.
 """
@@ -58,128 +59,49 @@ import hashlib
 import json
 import math
 import os
-import platform
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "analysis"))
+from draftlab import (
+    HELD_OUT_PROMPTS,
+    PROMPT_SETS,
+    SELF_MIN_CHARS,
+    SELF_OVERSAMPLE,
+    SELF_QUERY_TOKENS,
+    conditions,
+    draft_logits,
+    evaluate,
+    kl_and_acceptance,
+    load_examples,
+    load_target,
+    log,
+    make_batch,
+    split_examples,
+    topk_kl_and_acceptance,
+)
 
-from otm.models import cache_dir, default_target_path  # noqa: E402
+from otm.decode.embedded import cache_dir
 
 # ---------------------------------------------------------------------------------------------
-# Training prompts. analysis/eval_draft.py holds its own, disjoint, held-out prompts.
+# Prompt set "self" (training prompts: draftlab.py, beside the disjoint held-out prompts).
 
-TEMPLATES = [
-    "Write a short story about {}.",
-    "Explain {} to a ten-year-old.",
-    "What is {}? Answer in a few sentences.",
-    "Give me three practical tips about {}.",
-    "Write a poem about {}.",
-    "Describe the history of {} briefly.",
-    "What are the pros and cons of {}?",
-    "Write a friendly email to a colleague about {}.",
-    "List five interesting facts about {}.",
-    "How would you teach a beginner about {}?",
-    "Write a dialogue between two friends discussing {}.",
-    "Summarize the main ideas behind {}.",
-    "Why do people care about {}?",
-    "Write a product description inspired by {}.",
-    "Compare {} with something from everyday life.",
-    "Write a short blog post introduction about {}.",
-]
 
-TOPICS = [
-    "the ocean", "volcanoes", "honeybees", "the moon", "black holes", "rainforests", "deserts",
-    "glaciers", "earthquakes", "thunderstorms", "photosynthesis", "the water cycle", "dinosaurs",
-    "whales", "octopuses", "migratory birds", "ants", "mushrooms", "coral reefs", "wolves",
-    "the human heart", "sleep", "memory", "vitamins", "exercise", "meditation", "vaccines",
-    "the immune system", "nutrition", "breakfast", "coffee", "tea", "bread baking", "pizza",
-    "chocolate", "spices", "gardening", "composting", "recycling", "solar energy", "wind power",
-    "electric cars", "trains", "bicycles", "airplanes", "rockets", "the internet", "smartphones",
-    "computer programming", "Python", "databases", "machine learning", "robots", "video games",
-    "chess", "football", "basketball", "swimming", "running a marathon", "mountain climbing",
-    "camping", "photography", "painting", "music theory", "the piano", "jazz", "opera",
-    "poetry", "novels", "libraries", "museums", "ancient Egypt", "the Roman Empire",
-    "the Renaissance", "the printing press", "the industrial revolution", "castles", "pirates",
-    "knights", "the Silk Road", "maps", "money", "banks", "saving money", "budgeting",
-    "starting a small business", "job interviews", "teamwork", "leadership", "public speaking",
-    "learning a language", "grammar", "mathematics", "prime numbers", "geometry", "probability",
-    "statistics", "physics", "gravity", "magnets", "electricity", "light", "sound", "atoms",
-    "chemistry", "the periodic table", "DNA", "evolution", "cells", "bacteria", "friendship",
-    "kindness", "happiness", "time management", "moving to a new city", "weddings", "birthdays",
-    "holidays", "winter", "summer", "autumn leaves", "spring flowers", "rain", "snow",
-    "cats", "dogs", "horses", "parrots", "goldfish", "zoos", "farms", "cities", "villages",
-    "bridges", "skyscrapers", "architecture", "furniture design", "fashion", "knitting",
-    "cooking pasta", "vegetarian food", "street food", "restaurants", "travel", "Japan",
-    "Brazil", "Italy", "Kenya", "Canada", "islands", "lighthouses", "clocks", "calendars",
-]
 
 # ---------------------------------------------------------------------------------------------
 
 # Prompt set "v2" (``--prompt-set v2``, added in the second round): other request styles (direct
 # "how does it work" questions, how-to and advice, short creative forms, notes, names, reviews,
 # plans) on other, everyday topics. Written without looking at per-prompt scores; it shares
-# *styles* with the held-out prompts of analysis/eval_draft.py (that was the point: the first
+# *styles* with the held-out prompts of analysis/lab/eval_draft.py (that was the point: the first
 # round's held-out prompts scored 0.06 below its training style) but none of their topics, and
 # no training prompt equals a held-out one (checked in training_prompts and by eval_draft.py).
 
-TEMPLATES_2 = [
-    "How does {} work?",
-    "Write a haiku about {}.",
-    "Write a limerick about {}.",
-    "What should I know before trying {}?",
-    "Tell me a bedtime story about {}.",
-    "Write a thank-you note to someone who taught me about {}.",
-    "Can you suggest a name for a shop that is all about {}?",
-    "What is the difference between {} and something similar to it?",
-    "Describe a typical day for someone whose job involves {}.",
-    "What are some common mistakes people make with {}?",
-    "Write the opening paragraph of a novel that involves {}.",
-    "Give advice to someone who is new to {}.",
-    "Write a short speech about {}.",
-    "Plan a weekend activity around {}.",
-    "Explain {} in simple terms.",
-    "Write a short review of a book about {}.",
-    "How can I get better at understanding {}?",
-    "Write a motivational message that mentions {}.",
-    "Describe {} to someone who has never seen it.",
-    "Answer briefly: what is the most important thing to know about {}?",
-    "I am curious about {}. Where should I start?",
-    "Write a short news report about {}.",
-    "What questions would a child ask about {}, and how would you answer them?",
-    "Tell me a joke about {}, then explain why it is funny.",
-]
 
-TOPICS_2 = [
-    "a leaky faucet", "umbrellas", "kites", "the post office", "elevators", "microwave ovens",
-    "washing machines", "candles", "sourdough starter", "tomato plants", "houseplants",
-    "a school science fair", "fireflies", "hedgehogs", "owls", "foxes", "elephants", "giraffes",
-    "sea turtles", "jellyfish", "sharks", "frogs", "butterflies", "squirrels", "rabbits",
-    "the stock market", "taxes", "credit cards", "renting an apartment", "buying a used car",
-    "writing a resume", "volunteering", "board games", "card tricks", "magic shows", "the circus",
-    "yoga", "cycling to work", "hiking boots", "sunscreen", "headaches", "drinking water",
-    "brushing teeth", "allergies", "first aid", "the dentist", "hospitals", "firefighters",
-    "teachers", "nurses", "farmers", "carpenters", "space stations", "Mars", "satellites",
-    "telescopes", "comets", "the northern lights", "rainbows", "fog", "hurricanes", "tornadoes",
-    "rivers", "lakes", "caves", "waterfalls", "the Great Wall of China", "the Vikings", "samurai",
-    "the Olympic Games", "democracy", "elections", "newspapers", "radio", "television",
-    "podcasts", "passwords", "cybersecurity", "spreadsheets", "3D printing", "virtual reality",
-    "social media", "online shopping", "family dinners", "grandparents", "siblings",
-    "the first day at a new school", "graduation", "ice cream", "sandwiches", "rice",
-    "apples", "cheese", "soup", "pancakes", "salad", "coffee shops", "train journeys",
-    "road trips", "sailing", "skiing", "tennis", "dancing", "singing", "drawing", "origami",
-    "pottery", "woodworking", "sewing", "hats", "shoes", "bicycles repair", "batteries",
-    "light bulbs", "printers", "keyboards", "the alphabet", "handwriting", "dictionaries",
-]
 
-PROMPT_SETS = {"v1": (TEMPLATES, TOPICS), "v2": (TEMPLATES_2, TOPICS_2)}
 
 # Prompt set "self" (``--prompt-set self``, fourth round): no templates at all. The target writes
 # the user messages itself: given only the chat template up to the start of a user turn (system
@@ -189,15 +111,8 @@ PROMPT_SETS = {"v1": (TEMPLATES, TOPICS), "v2": (TEMPLATES_2, TOPICS_2)}
 # answers each of them as for the other sets. Both halves are the target's own text, seeded per
 # batch; a message must end with the end-of-turn token within SELF_QUERY_TOKENS tokens, have at
 # least SELF_MIN_CHARS characters and differ from every held-out prompt, else it is dropped.
-SELF_QUERY_TOKENS = 96
-SELF_MIN_CHARS = 12
-SELF_OVERSAMPLE = 1.5
 
 
-def all_training_prompts() -> set[str]:
-    """Every prompt any prompt set can produce (eval_draft.py checks its held-out set against it)."""
-    return {t.format(topic) for templates, topics in PROMPT_SETS.values()
-            for t in templates for topic in topics}
 
 # ---------------------------------------------------------------------------------------------
 
@@ -217,8 +132,6 @@ DRAFT_CONFIG = dict(
 
 def self_prompts(model, tokenizer, n: int, seed: int) -> list[str]:
     """Up to ``n`` user messages written by the target itself (prompt set "self", see above)."""
-    from eval_draft import HELD_OUT_PROMPTS
-
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
     pre = chat[: chat.index("\x00")]  # system turn + "<|im_start|>user\n"
     m = math.ceil(n * SELF_OVERSAMPLE)
@@ -243,8 +156,6 @@ def training_prompts(n: int, seed: int, prompt_set: str = "v1") -> list[str]:
     """``n`` distinct user messages: templates x topics of ``prompt_set``, shuffled with ``seed``."""
     templates, topics = PROMPT_SETS[prompt_set]
     pairs = [t.format(topic) for t in templates for topic in topics]
-    from eval_draft import HELD_OUT_PROMPTS
-
     overlap = set(pairs).intersection(HELD_OUT_PROMPTS)
     if overlap:
         raise SystemExit(f"training prompts equal to held-out ones: {sorted(overlap)}")
@@ -255,25 +166,10 @@ def training_prompts(n: int, seed: int, prompt_set: str = "v1") -> list[str]:
     return pairs[:n]
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def conditions(args) -> None:
-    log(
-        f"conditions: python {platform.python_version()}, torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}, "
-        f"os.cpu_count {os.cpu_count()}, args {vars(args)}"
-    )
 
 
-def load_target(dtype=torch.float32):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = default_target_path()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
-    return model, tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,66 +283,12 @@ def generate_data(args) -> Path:
 # Phase 2: distillation
 
 
-def load_examples(paths: list[Path], max_shards: int | None, extra=None):
-    """Per sequence: (ids [L] long, first generated position p, hidden [T, 576] fp16,
-    top-k masses [T, K] and their token ids [T, K]), from the shards of every directory.
-
-    ``extra(shard_path, shard)``, if given, returns one more item per sequence of the shard
-    (in its order), appended to each tuple."""
-    shards = []
-    for path in paths:
-        found = sorted(path.glob("shard_*.pt"))[:max_shards]
-        if not found:
-            raise SystemExit(f"no data shards in {path}: run --phase data first")
-        shards += found
-    examples = []
-    for shard in tqdm(shards, desc="load shards", unit="shard"):
-        d = torch.load(shard)
-        more = extra(shard, d) if extra is not None else [None] * len(d["prompt_ids"])
-        for prompt, new, valid, hidden, top_p, top_i, x in zip(
-                d["prompt_ids"], d["new_ids"], d["valid"], d["hidden"], d["top_p"], d["top_i"], more):
-            t = int(valid.sum())
-            if t < 2:
-                continue
-            examples.append((torch.cat([prompt, new[:t]]).long(), len(prompt), hidden[:t].clone(),
-                             top_p[:t].clone(), top_i[:t].long()) + ((x,) if extra is not None else ()))
-    return examples, len(shards)
 
 
-def split_examples(examples, seed: int):
-    """(validation, training) sequences of one data directory: shuffled with ``seed``, 5% (8 to
-    48 sequences) held back. The split depends on every shard present, so adding shards moves it."""
-    examples = list(examples)
-    random.Random(seed).shuffle(examples)
-    n_val = min(48, max(8, len(examples) // 20))
-    return examples[:n_val], examples[n_val:]
 
 
-def make_batch(examples, pad_id: int):
-    """Right-padded ids [B, L]; for each generated position its (row, logit index), the target's
-    hidden state, top-k masses and top-k ids (concatenated over the batch: [N, ...]).
-
-    Right padding needs no attention mask: causal attention never lets a real token see the
-    pads that follow it."""
-    length = max(len(e[0]) for e in examples)
-    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    rows, cols, hidden, top_p, top_i = [], [], [], [], []
-    for i, (seq, p, h, tp, ti) in enumerate(examples):
-        ids[i, : len(seq)] = seq
-        t = h.shape[0]
-        rows.append(torch.full((t,), i, dtype=torch.long))
-        cols.append(torch.arange(p - 1, p - 1 + t))  # logits at p-1+j predict generated token j
-        hidden.append(h)
-        top_p.append(tp)
-        top_i.append(ti)
-    return (ids, torch.cat(rows), torch.cat(cols), torch.cat(hidden), torch.cat(top_p),
-            torch.cat(top_i))
 
 
-def draft_logits(draft, ids, rows, cols):
-    """Draft logits [N, V] at the selected positions only (the head is most of the cost)."""
-    hidden = draft.model(input_ids=ids).last_hidden_state[rows, cols]  # [N, H]
-    return draft.lm_head(hidden)
 
 
 def pca_embeddings(embed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -489,114 +331,8 @@ def build_draft(target, tokenizer, seed: int, sample_hidden: torch.Tensor):
     return draft
 
 
-def build_shared_draft(target, layers: list[int], intermediate: int, share_layers: int = 0):
-    """A draft made of a few of the target's own layers, sharing the target's embedding and head.
-
-    Same widths as the target (hidden 576, 9 heads, 3 kv heads); ``layers`` picks which target
-    layers are copied (in order) and ``intermediate`` how many MLP neurons each keeps: the
-    ``intermediate`` neurons with the largest ``|gate_j| |up_j| |down_j|`` (row/column norms),
-    in their original order. The final norm is the target's. The embedding (tied to the head) is
-    the target's tensor, frozen, and not saved: the config says ``otm_embedding_from: "target"``
-    and :func:`otm.models.load_draft` puts the target's embedding back at load time.
-
-    ``share_layers`` = n > 0 makes the first n layers (which must be the target's layers
-    0 .. n-1) the target's own, frozen and not saved either (config key
-    ``otm_layers_from_target: n``): a self-speculative draft in the manner of Kangaroo (Liu et
-    al. 2024), the target's shallow sub-network plus trained layers on top. Shared layers keep
-    the target's MLP, so ``intermediate`` must then be the target's.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from otm.models import SHARED_EMBEDDING_KEY, SHARED_LAYERS_KEY
-
-    if share_layers and list(layers[:share_layers]) != list(range(share_layers)):
-        raise SystemExit(f"--share-layers {share_layers} needs --layers to start with 0 .. {share_layers - 1}")
-    if share_layers and intermediate != target.config.intermediate_size:
-        raise SystemExit(f"--share-layers needs --intermediate {target.config.intermediate_size} (the target's)")
-    tc = target.config.to_dict()
-    for noise in ("_name_or_path", "_model_name_or_path", "transformers_version", "architectures",
-                  "dtype", "torch_dtype", "quantization_config"):
-        tc.pop(noise, None)
-    tc.update(num_hidden_layers=len(layers), intermediate_size=intermediate, max_position_embeddings=2048,
-              tie_word_embeddings=True, **{SHARED_EMBEDDING_KEY: "target"})
-    if share_layers:
-        tc[SHARED_LAYERS_KEY] = share_layers
-    config = LlamaConfig(**tc)
-    draft = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for j, src in enumerate(layers):
-            s_layer, d_layer = target.model.layers[src], draft.model.layers[j]
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(d_layer.self_attn, name).weight.copy_(getattr(s_layer.self_attn, name).weight)
-            d_layer.input_layernorm.weight.copy_(s_layer.input_layernorm.weight)
-            d_layer.post_attention_layernorm.weight.copy_(s_layer.post_attention_layernorm.weight)
-            g, u, d = s_layer.mlp.gate_proj.weight, s_layer.mlp.up_proj.weight, s_layer.mlp.down_proj.weight
-            score = g.norm(dim=1) * u.norm(dim=1) * d.norm(dim=0)
-            keep = score.topk(intermediate).indices.sort().values
-            d_layer.mlp.gate_proj.weight.copy_(g[keep])
-            d_layer.mlp.up_proj.weight.copy_(u[keep])
-            d_layer.mlp.down_proj.weight.copy_(d[:, keep])
-        draft.model.norm.weight.copy_(target.model.norm.weight)
-    emb = target.get_input_embeddings().weight.detach().clone()
-    share_embedding(draft, emb)
-    freeze_shared_layers(draft, share_layers)
-    return draft
 
 
-def freeze_shared_layers(draft, n: int) -> None:
-    """The first ``n`` layers of the draft are the target's: no gradient, never saved."""
-    for layer in draft.model.layers[:n]:
-        for p in layer.parameters():
-            p.requires_grad_(False)
-
-
-def share_embedding(draft, emb: torch.Tensor) -> None:
-    """Make ``emb`` (frozen) the draft's tied embedding and head."""
-    param = torch.nn.Parameter(emb, requires_grad=False)
-    draft.model.embed_tokens.weight = param
-    draft.lm_head.weight = param
-
-
-def topk_kl_and_acceptance(logits, top_p, top_i):
-    """KL(target || draft) on the partition {top-k tokens of the target, everything else}.
-
-    A proper KL between the two laws coarsened to k + 1 cells, so its minimum matches the
-    target's top-k masses and its tail mass exactly; how the draft spreads the tail is left
-    free. Also returns sum over cells of min(target, draft), an upper bound on the acceptance.
-    """
-    log_d = torch.log_softmax(logits.float(), dim=-1)  # [N, V]
-    log_dk = log_d.gather(1, top_i)  # [N, K]
-    tail_t = (1.0 - top_p.sum(-1)).clamp_min(0.0)  # [N]
-    tail_d = (1.0 - log_dk.exp().sum(-1)).clamp_min(1e-8)
-    kl = (top_p * (top_p.clamp_min(1e-12).log() - log_dk)).sum(-1) + tail_t * (
-        tail_t.clamp_min(1e-12).log() - tail_d.log())
-    acc = torch.minimum(top_p, log_dk.exp()).sum(-1) + torch.minimum(tail_t, tail_d)
-    return kl.mean(), acc.mean()
-
-
-def kl_and_acceptance(draft_logits, target_logits):
-    """Mean KL(target || draft) and mean sum_x min(target, draft) over rows of [N, V] logits."""
-    log_t = torch.log_softmax(target_logits, dim=-1)
-    log_d = torch.log_softmax(draft_logits.float(), dim=-1)
-    t = log_t.exp()
-    kl = (t * (log_t - log_d)).sum(-1)
-    acc = torch.minimum(t, log_d.exp()).sum(-1)
-    return kl.mean(), acc.mean()
-
-
-def evaluate(draft, head, examples, pad_id, batch_size):
-    draft.eval()
-    accs, kls, n = 0.0, 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(examples), batch_size):
-            ids, rows, cols, hidden, _, _ = make_batch(examples[i:i + batch_size], pad_id)
-            logits = draft_logits(draft, ids, rows, cols)
-            kl, acc = kl_and_acceptance(logits, hidden.float() @ head.T)
-            accs += acc.item() * len(rows)
-            kls += kl.item() * len(rows)
-            n += len(rows)
-    draft.train()
-    return kls / n, accs / n
 
 
 def train(args, paths: list[Path]) -> None:
@@ -621,25 +357,16 @@ def train(args, paths: list[Path]) -> None:
         f"{len(val)} ({sum(e[2].shape[0] for e in val)}) for validation")
     torch.manual_seed(args.seed)
     if args.init_from:
-        from otm.models import SHARED_LAYERS_KEY, draft_shares_embedding, load_draft
+        from otm.decode.models import load_draft
 
         draft = load_draft(args.init_from, target).train()  # fp32, like the target here
-        if draft_shares_embedding(args.init_from):  # train on a frozen copy, not the target's tensor
-            share_embedding(draft, target.get_input_embeddings().weight.detach().clone())
-            # its shared layers hold the target's own Parameters (the target is dropped below): frozen
-            freeze_shared_layers(draft, int(getattr(draft.config, SHARED_LAYERS_KEY, 0) or 0))
         log(f"train: continuing from the draft in {args.init_from}")
-    elif args.arch == "shared":
-        draft = build_shared_draft(target, args.layers, args.intermediate, args.share_layers).train()
     else:
         draft = build_draft(target, tokenizer, args.seed, torch.cat([e[2] for e in tr[:32]]))
     del target
     n_params = sum(p.numel() for p in draft.parameters())
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
-    init = ("from " + str(args.init_from) if args.init_from else
-            f"target layers {args.layers}, MLP {args.intermediate} of 1536 neurons, the target's embedding"
-            + (f" and its layers 0..{args.share_layers - 1}" if args.share_layers else "") + " (frozen, not saved)"
-            if args.arch == "shared" else "PCA-initialised tied embedding")
+    init = "from " + str(args.init_from) if args.init_from else "PCA-initialised tied embedding"
     log(f"train: draft {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} hidden, "
         f"{n_params / 1e6:.2f} M parameters ({n_train / 1e6:.2f} M trained), {init}")
     pad_id = tokenizer.pad_token_id
@@ -692,7 +419,7 @@ def train(args, paths: list[Path]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# --arch features: a draft that reads the target's features (EAGLE; otm/feature_draft.py)
+# --arch features: a draft that reads the target's features (EAGLE; otm/decode/feature_draft.py)
 
 
 def prompt_features(shard: Path, prompts: list[torch.Tensor], target_bf16) -> list[torch.Tensor]:
@@ -738,7 +465,7 @@ def feature_draft_hidden(draft, ids, feats, noise: float, generator=None):
     """Draft hidden states for right-padded ``ids`` with the true features shifted by one (the
     input of element j is f_{j-1}); ``noise`` > 0 adds Gaussian noise of that many feature RMS
     to the input features (EAGLE's augmentation: at depth >= 2 the draft reads its own guesses)."""
-    from otm.feature_draft import shifted_features
+    from otm.decode.feature_draft import shifted_features
 
     inp = shifted_features(feats)
     if noise > 0:
@@ -767,7 +494,7 @@ def evaluate_features(draft, head, examples, pad_id, batch_size):
 
 
 def train_features(args, paths: list[Path]) -> None:
-    from otm.feature_draft import build_feature_draft, load_feature_draft, save_feature_draft
+    from otm.decode.feature_draft import build_feature_draft, load_feature_draft, save_feature_draft
 
     target, tokenizer = load_target()
     target_bf16 = load_target(torch.bfloat16)[0]
@@ -895,12 +622,8 @@ def save(draft, out: Path, save_file) -> None:
     for noise in ("id2label", "label2id", "_name_or_path", "problem_type", "chunk_size_feed_forward"):
         cfg.pop(noise, None)
     cfg.pop("transformers_version", None)
-    from otm.models import SHARED_EMBEDDING_KEY, SHARED_LAYERS_KEY
-
-    skip = {"lm_head.weight"} | ({"model.embed_tokens.weight"} if cfg.get(SHARED_EMBEDDING_KEY) == "target" else set())
-    shared_prefixes = tuple(f"model.layers.{j}." for j in range(int(cfg.get(SHARED_LAYERS_KEY) or 0)))
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
-             if k not in skip and not k.startswith(shared_prefixes)}
+             if k != "lm_head.weight"}
     save_file(state, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -942,10 +665,10 @@ def main(argv=None) -> None:
                     help="train: start from this draft directory instead of the PCA initialisation")
     ap.add_argument("--schedule-by-time", action="store_true",
                     help="train: the cosine lr schedule ends at --minutes if that comes before --steps")
-    ap.add_argument("--arch", choices=["small", "shared", "features"], default="small",
-                    help="train: 'shared' = a few of the target's layers on the target's own embedding "
-                         "(not saved); 'small' = the 128-wide PCA-initialised draft of round 1-2; "
-                         "'features' = a draft that reads the target's features (EAGLE, otm/feature_draft.py)")
+    ap.add_argument("--arch", choices=["small", "features"], default="small",
+                    help="train: 'small' = the 128-wide PCA-initialised token-only draft (otm/draft_small); "
+                         "'features' = a draft that reads the target's features (EAGLE, otm/decode/feature_draft.py; "
+                         "the committed default otm/draft_model)")
     ap.add_argument("--feature-layers", type=int, default=1, help="train, --arch features: decoder layers")
     ap.add_argument("--intermediate-features", type=int, default=None,
                     help="train, --arch features: MLP width (default: the target's)")
@@ -953,24 +676,17 @@ def main(argv=None) -> None:
                     help="train, --arch features: weight of the smooth-L1 loss on the guessed features")
     ap.add_argument("--feature-noise", type=float, default=0.05,
                     help="train, --arch features: Gaussian noise on the input features, in feature RMS")
-    ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3],
-                    help="train, --arch shared: which target layers start the draft")
-    ap.add_argument("--share-layers", type=int, default=0,
-                    help="train, --arch shared: the first N of --layers (0 .. N-1) stay the target's own, "
-                         "frozen and not saved (a Kangaroo-style self-speculative draft)")
-    ap.add_argument("--intermediate", type=int, default=768,
-                    help="train, --arch shared: MLP neurons kept per layer (of the target's 1536)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 per process is much faster on a shared 2-core machine")
     ap.add_argument("--out", type=Path, default=None,
-                    help="where the trained draft goes (default: otm/draft_model for --arch features, the "
-                         "committed default; otm/draft_small for the token-only drafts)")
+                    help="train: the directory the trained draft is written to (required for training; "
+                         "copy it over otm/draft_model or otm/draft_small by hand to commit it)")
     args = ap.parse_args(argv)
-    if args.out is None:
-        args.out = ROOT / "otm" / ("draft_model" if args.arch == "features" else "draft_small")
+    if args.phase in ("all", "train") and args.out is None:
+        ap.error("--out DIR is required for training: the lab never writes into the package by itself")
     torch.set_num_threads(args.threads)
     conditions(args)
     paths = args.data_dir or [data_dir(args)]

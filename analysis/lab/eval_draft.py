@@ -1,7 +1,7 @@
 """Held-out single-draft acceptance of the embedded draft against the embedded target.
 
 For each held-out prompt below (none of them is among the training prompts of
-``analysis/train_draft.py``: different wording and topics, checked at start-up) the target
+``analysis/lab/train_draft.py``: different wording and topics, checked at start-up) the target
 samples a continuation at temperature 1 (no top-k/top-p, up to ``--new-tokens``, stopping at
 EOS). At every generated position both models see the same prefix and the acceptance of one
 draft token under standard speculative sampling is recorded:
@@ -12,8 +12,8 @@ The headline is the mean of a_i over all positions of all prompts, with a 95% co
 from a bootstrap over prompts (positions of one continuation are correlated, so prompts are the
 independent units). Conditions (machine, threads, versions, seed, models) are printed first.
 
-    python analysis/eval_draft.py                       # 32 prompts x 128 tokens, ~3 min on 2 cores
-    python analysis/eval_draft.py --draft path/to/other_draft --new-tokens 64
+    python analysis/lab/eval_draft.py                       # 32 prompts x 128 tokens, ~3 min on 2 cores
+    python analysis/lab/eval_draft.py --draft path/to/other_draft --new-tokens 64
 
 Results: ``docs/models.md``.
 """
@@ -23,60 +23,20 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "analysis"))
+from draftlab import HELD_OUT_PROMPTS, all_training_prompts, held_out_acceptance
 
-from otm.feature_draft import FeatureDraft  # noqa: E402
-from otm.models import held_out_acceptance, load_draft, load_pair  # noqa: E402
+from otm.decode.feature_draft import FeatureDraft
+from otm.decode.models import load_draft, load_pair
 
-HELD_OUT_PROMPTS = [
-    "How do I fix a flat tire on a wheelbarrow?",
-    "Tell me a bedtime story about a lost penguin.",
-    "What should I pack for a weekend trip to the mountains?",
-    "Explain how a refrigerator keeps food cold.",
-    "Write a haiku about a quiet train station at night.",
-    "Can you suggest a name for a bakery that sells only croissants?",
-    "What is the difference between weather and climate?",
-    "Write a thank-you note to a neighbour who watered my plants.",
-    "How does a compass work?",
-    "Give me a simple recipe for lentil soup.",
-    "Why is the sky blue during the day and red at sunset?",
-    "Describe a typical day in the life of a lighthouse keeper in 1900.",
-    "What are some good habits for studying for exams?",
-    "Write a limerick about a forgetful wizard.",
-    "How do submarines dive and surface?",
-    "Explain what inflation means for someone who just got their first job.",
-    "Write the opening paragraph of a mystery novel set in a snowy hotel.",
-    "What are the rules of tic-tac-toe?",
-    "How can I make my small apartment feel bigger?",
-    "Explain how vaccines are tested before they are approved.",
-    "Write a short speech for a friend's retirement party.",
-    "What causes the tides?",
-    "Give advice to someone adopting their first kitten.",
-    "Describe the taste of a mango to someone who has never eaten one.",
-    "How do noise-cancelling headphones work?",
-    "Write a motivational message for a student who failed a test.",
-    "What is a sonnet, and how is it structured?",
-    "Plan a three-course dinner for a rainy autumn evening.",
-    "Explain how a bill becomes a law in simple terms.",
-    "What are the main parts of a flower and what do they do?",
-    "Write a short review of an imaginary science-fiction film.",
-    "How do I politely decline an invitation to a party?",
-]
 
 
 def check_held_out() -> None:
     """Refuse to run if a held-out prompt is also a training prompt."""
-    from train_draft import all_training_prompts
-
     training = all_training_prompts()
     overlap = training.intersection(HELD_OUT_PROMPTS)
     if overlap:

@@ -12,19 +12,14 @@ from several seeded random starts: L-BFGS-B on the logits (finite-difference
 gradients, logits boxed to [-``LOGIT_BOX``, ``LOGIT_BOX``]) then a Nelder-Mead
 polish from the best point. SpecTr's guarantee says the K-SEQ ratio never goes
 below :math:`1 - (1 - 1/k)^k`; the search is how ``tests/test_gap.py`` tries to
-break it, with a negative control (a rule known to fall below the bound) that the
-same search must catch.
+break it, with negative controls (rules known to fall below the bound, kept in the tests)
+that the same search must catch.
 
 Rules (``RULES``):
 
 * ``kseq``: K-SEQ / :math:`\alpha^*_{iid}`;
 * ``rrs``: RRS with replacement / :math:`\alpha^*_{iid}`;
 * ``rrsw``: RRS without replacement (exact path sum, small V^k) / :math:`\alpha^*_{wo}`;
-* ``first_draft`` (negative control): single-draft speculative sampling on the
-  first of the k i.i.d. drafts, :math:`\sum_x \min(p, q)`, a valid rule that ignores
-  k - 1 drafts; its ratio tends to ``1/k`` (target one-hot on a token of small draft
-  mass), below the bound for every k >= 2;
-* ``kseq_x0.8`` (negative control): K-SEQ's acceptance scaled by 0.8.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from typing import Callable
 import numpy as np
 from scipy.optimize import minimize
 
-from .laws import OtmError
+from ..laws import OtmError
 
 LOGIT_BOX = 20.0
 MIN_OPTIMUM = 1e-6
@@ -52,42 +47,30 @@ def _ratio(acc, opt):
 
 
 def _kseq(p, q, k):
-    from .optimum import optimal_acceptance
-    from .verifiers import kseq
+    from ..optimum import optimal_acceptance
+    from ..verifiers import kseq
 
     return _ratio(kseq.acceptance(p, q, k), optimal_acceptance(p, q, k, "iid"))
 
 
 def _rrs(p, q, k):
-    from .optimum import optimal_acceptance
-    from .verifiers import rrs
+    from ..optimum import optimal_acceptance
+    from ..verifiers import rrs
 
     return _ratio(rrs.acceptance(p, q, k), optimal_acceptance(p, q, k, "iid"))
 
 
 def _rrsw(p, q, k):
-    from . import rrsw_acceptance
-    from .optimum import optimal_acceptance
+    from ..optimum import optimal_acceptance
+    from ..verifiers import rrs_without_replacement
 
-    return _ratio(rrsw_acceptance.exact(p, q, k), optimal_acceptance(p, q, k, "without_replacement"))
-
-
-def _first_draft(p, q, k):
-    from .optimum import optimal_acceptance
-
-    return _ratio(float(np.minimum(p, q).sum()), optimal_acceptance(p, q, k, "iid"))
-
-
-def _kseq_scaled(p, q, k):
-    return 0.8 * _kseq(p, q, k)
+    return _ratio(rrs_without_replacement.acceptance_exact(p, q, k), optimal_acceptance(p, q, k, "without_replacement"))
 
 
 RULES: dict[str, Callable[[np.ndarray, np.ndarray, int], float]] = {
     "kseq": _kseq,
     "rrs": _rrs,
     "rrsw": _rrsw,
-    "first_draft": _first_draft,
-    "kseq_x0.8": _kseq_scaled,
 }
 
 

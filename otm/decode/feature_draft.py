@@ -25,7 +25,7 @@ Stored as a Hugging Face-style directory: ``config.json`` (a ``LlamaConfig`` for
 target's vocabulary size, and the key :data:`FEATURE_DRAFT_KEY`) and ``model.safetensors`` (fp16:
 ``fc.*`` and ``model.*``; the embedding and head are the target's and are not stored).
 :func:`load_feature_draft` builds it next to a loaded target, sharing that target's embedding and
-head Parameters. Trained by ``analysis/train_draft.py --arch features`` (``docs/models.md``).
+head Parameters. Trained by ``analysis/lab/train_draft.py --arch features`` (``docs/models.md``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .laws import OtmError
+from ..laws import OtmError
 
 FEATURE_DRAFT_KEY = "otm_feature_draft"
 """config.json key (value 1) of a draft that reads the target's features (:class:`FeatureDraft`)."""

@@ -1,6 +1,6 @@
 """Where a draft loses acceptance: fit vs generalisation, the tail, the target's entropy, examples.
 
-Runs on the cached training shards of ``analysis/train_draft.py`` (the target's hidden states give
+Runs on the cached training shards of ``analysis/lab/train_draft.py`` (the target's hidden states give
 its full next-token law at every generated position) and prints, for each draft given:
 
 1. exact acceptance ``sum_x min(target, draft)`` on the validation sequences of each data directory
@@ -15,7 +15,7 @@ its full next-token law at every generated position) and prints, for each draft 
    draft accepts less than 0.3, with their context, and the most frequent sure tokens with their
    mean acceptance.
 
-    python analysis/diagnose_draft.py otm/draft_model /tmp/draft_r2 --threads 2 --examples 12
+    python analysis/lab/diagnose_draft.py otm/draft_model /tmp/draft_r2 --threads 2 --examples 12
 
 Results: ``docs/models.md`` (fifth round).
 """
@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "analysis"))
+import draftlab as T
 
-import train_draft as T  # noqa: E402
-from otm.models import cache_dir, load_draft  # noqa: E402
+from otm.decode.embedded import cache_dir
+from otm.decode.models import load_draft
 
 DEFAULT_DIRS = ["39105703299b", "1ab8b8e6f92a"]  # v2 templates, self-written prompts
 SCALES = (0.9, 1.0, 1.1, 1.2, 1.5)

@@ -1,0 +1,148 @@
+"""Load a ``target`` and a ``draft`` causal LM for the decoder, from local directories only.
+
+:func:`load_pair` loads any pair of Hugging Face causal LMs (``None`` picks the embedded default
+for either side, :mod:`otm.decode.embedded`) and refuses, with a one-line
+:class:`~otm.laws.OtmError`, a path that is not a model or two models whose vocabularies differ:
+speculative decoding compares the two next-token laws token by token, so both must index the same
+vocabulary. :func:`load_draft` loads the two draft formats otm runs: a plain causal LM, and a draft
+that reads the target's features (:mod:`otm.decode.feature_draft`). Every ``from_pretrained``
+passes ``local_files_only=True``: otm never reaches the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..laws import OtmError
+from .embedded import _is_complete_model_dir, default_draft_path, default_target_path
+
+def _model_dir(path, role: str) -> Path:
+    """Check that ``path`` is a Hugging Face model directory; return it as a Path."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise OtmError(f"{role} model path {str(p)!r} does not exist: pass a Hugging Face model directory")
+    if not p.is_dir():
+        raise OtmError(f"{role} model path {str(p)!r} is not a directory: pass a Hugging Face model directory")
+    if not (p / "config.json").is_file():
+        raise OtmError(
+            f"{role} model path {str(p)!r} has no config.json: pass a Hugging Face model directory "
+            "(saved with save_pretrained)"
+        )
+    if not _is_complete_model_dir(p):
+        raise OtmError(
+            f"{role} model path {str(p)!r} has no weights (*.safetensors or *.bin): "
+            "pass a complete Hugging Face model directory"
+        )
+    return p
+
+
+def _config_vocab_size(path: Path, role: str) -> int:
+    """``vocab_size`` from a model's config.json (top level or its ``text_config``)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise OtmError(f"{role} model config {str(path / 'config.json')!r} is unreadable: {exc}") from None
+    size = config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+    if not isinstance(size, int) or size <= 0:
+        raise OtmError(f"{role} model config {str(path / 'config.json')!r} has no positive vocab_size")
+    return size
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def load_pair(target=None, draft=None, *, dtype=None, device="cpu"):
+    """Load a ``target`` and a ``draft`` causal LM that share one vocabulary.
+
+    Parameters
+    ----------
+    target, draft : str or path-like or None
+        Hugging Face model directories; ``None`` picks the embedded default
+        (:func:`default_target_path`, converted once; :func:`default_draft_path`).
+    dtype : torch.dtype, default ``torch.float32``
+        Weights dtype for both models.
+    device : str or torch.device, default ``"cpu"``
+
+    Returns
+    -------
+    (target_model, draft_model, tokenizer)
+        Both models in eval mode; the tokenizer is the target's (the embedded draft ships none).
+
+    Raises
+    ------
+    OtmError
+        A path that does not exist or is not a model directory; two models whose vocabularies
+        differ (config ``vocab_size``, or the tokens of the draft's own tokenizer when it has one).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype is None:
+        dtype = torch.float32
+    target_dir = default_target_path() if target is None else _model_dir(target, "target")
+    draft_dir = default_draft_path() if draft is None else _model_dir(draft, "draft")
+
+    target_vocab = _config_vocab_size(target_dir, "target")
+    draft_vocab = _config_vocab_size(draft_dir, "draft")
+    if target_vocab != draft_vocab:
+        raise OtmError(
+            f"target vocabulary has {target_vocab} tokens but draft has {draft_vocab} "
+            f"({target_dir} vs {draft_dir}): pick a draft trained on the target's tokenizer"
+        )
+    if not _has_tokenizer(target_dir):
+        raise OtmError(f"target model {str(target_dir)!r} has no tokenizer files: save its tokenizer next to it")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    except Exception as exc:  # transformers raises many kinds here
+        raise OtmError(f"target tokenizer in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if _has_tokenizer(draft_dir):
+        try:
+            draft_tokens = AutoTokenizer.from_pretrained(draft_dir, local_files_only=True).get_vocab()
+        except Exception as exc:
+            raise OtmError(f"draft tokenizer in {str(draft_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        target_tokens = tokenizer.get_vocab()
+        if draft_tokens != target_tokens:
+            raise OtmError(
+                f"target tokenizer has {len(target_tokens)} tokens but draft tokenizer has "
+                f"{len(draft_tokens)} and they map tokens to ids differently: "
+                "pick a draft trained on the target's tokenizer"
+            )
+
+    try:
+        target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, local_files_only=True).to(device).eval()
+    except Exception as exc:
+        raise OtmError(f"target model in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    return target_model, load_draft(draft_dir, target_model), tokenizer
+
+
+def load_draft(path, target_model):
+    """Load the draft in ``path`` to run next to ``target_model``, in its dtype and on its device.
+
+    Two formats: a plain Hugging Face causal LM, loaded with ``from_pretrained`` (its vocabulary
+    must be the target's); and a directory whose config has ``otm_feature_draft``, a draft that
+    reads the target's features (:class:`otm.decode.feature_draft.FeatureDraft`), built on the
+    target's embedding and head by :func:`otm.decode.feature_draft.load_feature_draft`. Raises
+    :class:`~otm.laws.OtmError` (one line) if the path is not a local model directory, the model
+    does not load, or the vocabularies differ. :func:`load_pair` loads its draft with this function.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .feature_draft import is_feature_draft, load_feature_draft
+
+    path = _model_dir(path, "draft")  # a local directory: otm never reaches the Hugging Face Hub
+    embedding = target_model.get_input_embeddings().weight
+    if is_feature_draft(path):  # reads the target's features (EAGLE): otm.decode.feature_draft
+        return load_feature_draft(path, target_model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype, local_files_only=True)
+    except Exception as exc:
+        raise OtmError(f"draft model in {str(path)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    target_vocab = getattr(getattr(target_model, "config", None), "vocab_size", embedding.shape[0])
+    if model.config.vocab_size != target_vocab:
+        raise OtmError(
+            f"target vocabulary has {target_vocab} tokens but draft has {model.config.vocab_size} "
+            f"({path}): pick a draft trained on the target's tokenizer"
+        )
+    return model.to(embedding.device).eval()
