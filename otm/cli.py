@@ -22,6 +22,8 @@ from .laws import OtmError, check_k, check_law
 EXIT_BAD_INPUT = 2
 DEFAULT_MAX_LP_VARIABLES = 2_000_000
 DEFAULT_MAX_TUPLES = 200_000
+EXTRAS = {"torch": "torch", "transformers": "decode", "gguf": "decode", "accelerate": "decode", "safetensors": "decode"}
+"""Packages of the optional layers and the extra that installs each (pyproject.toml)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -365,11 +367,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except OtmError as exc:
         print(f"otm: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ModuleNotFoundError as exc:  # an optional layer's dependency is not installed
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        if getattr(args, "command", None) in ("decode", "bench-decode", "demo"):
+            extra = "decode"  # the decoder needs torch and transformers both
+        print(f"otm: error: this command needs {exc.name}, which is not installed: "
+              f"pip install 'otm[{extra}]' (or `make test`, which installs everything)", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("otm: interrupted", file=sys.stderr)

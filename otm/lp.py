@@ -30,7 +30,10 @@ LP-optimal verifier (:mod:`otm.verifiers.lp_optimal`) samples from it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -439,6 +442,30 @@ def _column_bounds(rows: Rows, target: np.ndarray) -> np.ndarray:
     return np.minimum(rows.mass[_row_ids(rows)], target[rows.tokens])
 
 
+@contextlib.contextmanager
+def _stdout_silenced():
+    """Send file descriptor 1 to /dev/null for the duration: highspy >= 1.16 prints a licence banner
+    from C++ when the first ``Highs`` object of a process is built, before ``output_flag`` can be
+    set, which would corrupt ``otm acceptance --json`` and anything else written to stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _new_highs():
+    import highspy
+
+    with _stdout_silenced():
+        return highspy.Highs()
+
+
 def _solve_highs(rows: Rows, target: np.ndarray, timings: dict):
     import highspy
 
@@ -449,7 +476,7 @@ def _solve_highs(rows: Rows, target: np.ndarray, timings: dict):
     index = np.empty(2 * nnz, dtype=np.int32)
     index[0::2] = _row_ids(rows)
     index[1::2] = n + rows.tokens
-    h = highspy.Highs()
+    h = _new_highs()
     h.setOptionValue("output_flag", False)
     for name, value in {**HIGHS_OPTIONS, **FAST_PATH_OPTIONS}.items():
         h.setOptionValue(name, value)
@@ -511,9 +538,11 @@ def _solve_cvxpy(rows: Rows, target: np.ndarray, timings: dict):
     problem = cp.Problem(cp.Maximize(cp.sum(x)), constraints)
     t1 = time.perf_counter()
     try:
-        problem.solve(solver=cp.HIGHS, highs_options=dict(HIGHS_OPTIONS))
+        with _stdout_silenced():  # cvxpy builds its own Highs (banner, see _stdout_silenced)
+            problem.solve(solver=cp.HIGHS, highs_options=dict(HIGHS_OPTIONS))
         if problem.status != cp.OPTIMAL:
-            problem.solve(solver=cp.HIGHS, highs_options=dict(HIGHS_OPTIONS, presolve="off"))
+            with _stdout_silenced():
+                problem.solve(solver=cp.HIGHS, highs_options=dict(HIGHS_OPTIONS, presolve="off"))
     except cp.error.SolverError as exc:
         raise OtmError(f"cvxpy/HiGHS failed on the OTM LP ({exc}): try backend='highs'") from None
     if problem.status != cp.OPTIMAL:

@@ -123,6 +123,10 @@ def load_rule(spec: str) -> Callable:
     except OtmError:
         raise
     except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top in ("torch", "transformers") and top != mod_name.split(".")[0]:
+            extra = "torch" if top == "torch" else "decode"
+            raise OtmError(f"{mod_name!r} needs {top}, which is not installed: pip install 'otm[{extra}]'") from None
         raise OtmError(f"cannot import {mod_name!r} ({exc}): give an importable module or a path to a .py file") from None
     except Exception as exc:  # the user's module failed while importing
         raise OtmError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None

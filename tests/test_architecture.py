@@ -1,0 +1,129 @@
+"""The layers of docs/architecture.md hold: the exact core runs without torch, no module imports a
+layer above its own, and a command whose optional layer is missing says which extra to install.
+
+The core-without-torch checks run in a fresh interpreter where importing ``torch`` or
+``transformers`` raises ModuleNotFoundError, as on a machine with ``pip install otm`` only (the
+real core-only install is checked by ``make check-versions``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "otm"
+
+BLOCK = """
+import importlib.abc, sys
+class _Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Missing())
+"""
+
+
+def _run_without_torch(body: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK + body], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_core_commands_run_without_torch():
+    res = _run_without_torch(
+        "from otm.cli import main\n"
+        "assert main(['acceptance', '--target', '0.5,0.3,0.2', '--draft', '0.2,0.2,0.6', '-k', '2', '--json']) == 0\n"
+        "assert main(['certify', 'otm.verifiers.kseq:law', '--kind', 'law', '-k', '2', '--examples', '20', "
+        "'--no-progress', '--json']) == 0\n"
+        "import otm.schemes, otm.lp, otm.optimum, otm.exact, otm.verifiers, otm.testing, otm.certify, otm.analysis.gap\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]\n"
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    # stdout starts with the JSON object itself: nothing (e.g. a solver's banner) is printed before it
+    first = json.JSONDecoder().raw_decode(res.stdout)[0]
+    assert first["optimal"]["fast"] == pytest.approx(0.84) and first["optimal"]["lp"] == pytest.approx(0.84)
+
+
+@pytest.mark.parametrize("argv, extra", [
+    (["certify", "otm.torch:kseq", "--kind", "torch", "-k", "2"], "otm[torch]"),
+    (["decode", "--prompt", "hi", "--max-new-tokens", "2"], "otm[decode]"),
+])
+def test_a_command_without_its_extra_names_the_extra(argv, extra):
+    res = _run_without_torch(f"from otm.cli import main\nsys.exit(main({argv!r}))\n")
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith("otm: error:") and extra in lines[0]
+
+
+# which top-level package of otm each layer may import at module level (docs/architecture.md)
+CORE = {"laws", "schemes", "lp", "optimum", "exact", "testing", "verifiers", "certify", "analysis", "cli"}
+ALLOWED = {
+    "core": CORE,
+    "torch": CORE | {"torch"},
+    "decode": CORE | {"torch", "decode"},
+}
+THIRD_PARTY_ABOVE = {"core": {"torch", "transformers"}, "torch": {"transformers"}, "decode": set()}
+
+
+# certify's decoder modules certify the decoder, so they sit on it; the core reaches them only
+# inside functions (otm.certify.rules.certify with kind="decoder")
+ABOVE_THE_DECODER = {("certify", "decoder.py"), ("certify", "decoder_mutants.py")}
+
+
+def _layer(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package).parts
+    if rel in ABOVE_THE_DECODER:
+        return "decode"
+    return {"torch": "torch", "decode": "decode"}.get(rel[0], "core")
+
+
+def _module_level_imports(path: Path, package: Path = PACKAGE) -> list[str]:
+    """Absolute names imported at module level (not inside functions), relative imports resolved."""
+    tree = ast.parse(path.read_text())
+    pkg = ["otm", *path.relative_to(package).parts[:-1]]
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+                names += [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+            else:
+                names.append(node.module)
+    return names
+
+
+def _violations(path: Path, package: Path = PACKAGE) -> list[str]:
+    layer = _layer(path, package)
+    bad = []
+    for name in _module_level_imports(path, package):
+        parts = name.split(".")
+        if (parts[0] == "otm" and len(parts) > 1 and parts[1] not in ALLOWED[layer]) or parts[0] in THIRD_PARTY_ABOVE[layer]:
+            bad.append(name)
+        if layer == "core" and tuple(parts[1:3]) in {("certify", m[:-3]) for _, m in ABOVE_THE_DECODER}:
+            bad.append(name)
+    return bad
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_a_layer_above_its_own(path):
+    assert _violations(path) == [], f"{path.relative_to(ROOT)} ({_layer(path)}) imports a layer above its own"
+
+
+def test_the_import_check_sees_a_violation(tmp_path):
+    """Negative control: a core module importing the decoder (relatively) and torch is caught; the
+    same imports inside a function are not module-level and pass."""
+    fake = tmp_path / "otm" / "verifiers" / "_fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from ..decode import decoder\nimport torch\nfrom . import kseq\n")
+    assert _violations(fake, tmp_path / "otm") == ["otm.decode", "torch"]
+    fake.write_text("def f():\n    import torch\n    from ..decode import decoder\n")
+    assert _violations(fake, tmp_path / "otm") == []
