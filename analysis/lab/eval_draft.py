@@ -12,7 +12,7 @@ The headline is the mean of a_i over all positions of all prompts, with a 95% co
 from a bootstrap over prompts (positions of one continuation are correlated, so prompts are the
 independent units). Conditions (machine, threads, versions, seed, models) are printed first.
 
-    python analysis/lab/eval_draft.py                       # 32 prompts x 128 tokens, ~3 min on 2 cores
+    python analysis/lab/eval_draft.py                       # 32 prompts x 128 tokens, about 1 min on 2 cores
     python analysis/lab/eval_draft.py --draft path/to/other_draft --new-tokens 64
 
 Results: ``docs/models.md``.

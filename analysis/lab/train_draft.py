@@ -25,10 +25,11 @@ Two phases, both seeded; run them together (default) or apart:
           ``--out`` (required: the lab never writes into the package by itself) as config.json + model.safetensors, the tied
           head stored once; the draft uses the target's tokenizer.
 
-The committed draft is the fourth round of this script (``docs/models.md``): data from the
-template prompt sets and from ``--prompt-set self`` (user messages written by the target itself),
-and the loss ``KL + w (1 - acceptance)`` (``--tv-weight 20``), which puts the quantity speculative
-sampling pays for into the objective.
+The committed token-only draft ``otm/draft_small/`` is the fourth round of this script, the
+committed default ``otm/draft_model/`` the seventh (``--arch features``; ``docs/models.md``, history
+in ``docs/results_log.md``): data from the template prompt sets and from ``--prompt-set self`` (user
+messages written by the target itself), and the loss ``KL + w (1 - acceptance)``
+(``--tv-weight 20``), which puts the quantity speculative sampling pays for into the objective.
 
 Distilling on full next-token laws is far more sample-efficient than on sampled text: every
 position carries a whole distribution, not one token, and the acceptance
@@ -36,10 +37,10 @@ position carries a whole distribution, not one token, and the acceptance
 loss pulls up. The held-out evaluation is ``analysis/lab/eval_draft.py`` (prompts disjoint from
 the ones below).
 
-    python analysis/lab/train_draft.py                      # data (cached) + train, ~60 min on 2 cores
+    python analysis/lab/train_draft.py --out /tmp/draft      # data (cached) + train, ~60 min on 2 cores
     python analysis/lab/train_draft.py --phase data --workers 2 --worker 0 &   # data in two processes
     python analysis/lab/train_draft.py --phase data --workers 2 --worker 1
-    python analysis/lab/train_draft.py --phase train --threads 2
+    python analysis/lab/train_draft.py --phase train --threads 2 --out /tmp/draft
 
 ``--arch features`` (sixth and seventh rounds, the committed default ``otm/draft_model/``) trains a draft that
 reads the target's features instead (EAGLE-style, ``otm/decode/feature_draft.py``): one Llama layer on
