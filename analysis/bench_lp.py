@@ -22,7 +22,7 @@ pot emd2 dense tuples
 
 LP times are ``LPResult.seconds``: the whole call (rows of the scheme, matrix
 build, solve, plan repair and dual bound). ``closed form`` is the sort-by-ratio prefix
-formula of theory section 3.2 (iid only), an independent check of the values.
+formula of Hu et al. (docs/theory.md section 2; iid only), an independent check of the values.
 
 Usage: ``.venv/bin/python analysis/bench_lp.py [--repeats 5] [--seed 0]``
 """

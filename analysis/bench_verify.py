@@ -149,7 +149,7 @@ def row_speculative(p, q, d, generator):
 
 
 def row_rho_bisection(p, q, k, tol=1e-9):
-    """SpecTr's bisection (theory.md section 2.2): upper end of the final bracket."""
+    """SpecTr's bisection (Sun et al., NeurIPS 2023, K-SEQ; docs/theory.md section 3): upper end of the final bracket."""
     lo, hi = 1.0, float(k)
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)

@@ -11,7 +11,7 @@ k = 2, 4, 8 drafts, the mean over positions of
 
 computed on the next-token laws of the embedded target (SmolLM2-135M-Instruct) and draft, at
 positions of target-sampled continuations of a fixed prompt set, both laws at one temperature.
-The papers' published numbers (theory.md section 9) sit beside it for the *shape* (ordering,
+The papers' published numbers (Khisti et al., ICLR 2025, Table 3) sit beside it for the *shape* (ordering,
 growth with k), not for equality: different models, data and temperature.
 
     .venv/bin/python analysis/paper_table.py --prompts 8 --positions 8        # small size
@@ -61,7 +61,7 @@ PROMPTS = [
     "Translate to German: The book is on the table.",
 ]
 
-# Khisti et al. Table 3 (theory.md section 9): average per-token acceptance, K = 2 / 4 / 8.
+# Khisti et al. Table 3 (Khisti et al., ICLR 2025, Table 3): average per-token acceptance, K = 2 / 4 / 8.
 # Their "Optimal" = alpha* for i.i.d. drafts, "SpecTr" = K-SEQ, "SpecInfer" = RRS, "IS" = their
 # importance-sampling scheme (not implemented here). Hu et al. Table 1 numbers were not retrieved.
 KHISTI = {

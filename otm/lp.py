@@ -8,7 +8,7 @@ distinct tokens of a tuple, so the LP may be written over the rows of
 :meth:`otm.schemes.Scheme.rows`: *sets* (``fold=True``) or ordered tuples
 (``fold=False``); both have the same optimum.
 
-We solve the relaxed form of Hu et al. (ICLR 2025), theory section 3.1: only the
+We solve the relaxed form of Hu et al. (ICLR 2025; docs/theory.md section 1): only the
 variables :math:`\pi_{r,y}` with :math:`y \in r` are kept and the marginal
 equalities become inequalities (unmatched mass can always be coupled outside
 the sets, at cost 1). The constraint matrix is the incidence matrix of a
@@ -607,7 +607,7 @@ def solve_lp(
 
     With rows :math:`r` of the draft law (distinct-token sets, or ordered
     tuples' sets when ``fold=False``) of mass :math:`m_r`, and the target
-    :math:`p`, the relaxed OTM LP (theory section 3.1) is
+    :math:`p`, the relaxed OTM LP (docs/theory.md section 1) is
 
     .. math::
         \alpha^* = \max_{\pi \ge 0} \sum_r \sum_{y \in r} \pi_{r,y}

@@ -2,7 +2,7 @@ r"""The exact optimum :math:`\alpha^*` of the OTM problem in closed form, at rea
 
 The optimal membership acceptance of a draft scheme with tuple law :math:`P`
 against a target law :math:`p` is, by LP duality and total unimodularity
-(Hu et al., ICLR 2025; theory section 3.1), a minimum cut:
+(Hu et al., ICLR 2025; docs/theory.md section 2), a minimum cut:
 
 .. math::
 
@@ -11,7 +11,7 @@ against a target law :math:`p` is, by LP duality and total unimodularity
 
 For ``iid`` and ``without_replacement`` drafts the minimum is attained on a
 prefix :math:`H_j` of the tokens sorted by the ratio ``target / draft``
-ascending (theory section 3.2), so
+ascending (Hu et al., section 4; docs/theory.md section 2), so
 
 .. math::
 
@@ -44,8 +44,8 @@ an :math:`O(V \log V)` sort and one scan, given :math:`Q(H_j)` for every prefix:
   discretisation error is estimated by the rule with every other node
   (step ``2h``) and reported as ``error_estimate``.
 
-``greedy`` and ``spechub`` have their own closed forms (theory sections 3.3
-and 5.1); the prefix property can fail for them.
+``greedy`` and ``spechub`` have their own closed forms (docs/theory.md section 2;
+Hu et al. and SpecHub); the prefix property can fail for them.
 
 :func:`brute_force_optimum` is the reference: the minimum over all :math:`2^V`
 subsets with :math:`Q` from the scheme's enumeration (V <= 20), for any scheme.

@@ -20,6 +20,8 @@ ordinary speculative sampling.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
 1.0
+
+Pieces: its scheme ``otm.schemes.Greedy``; torch twin ``otm.torch.greedy`` and sampler ``otm.torch.sample_greedy``; alpha* in closed form in ``otm.optimum`` (greedy).
 """
 
 from __future__ import annotations

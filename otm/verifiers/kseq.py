@@ -28,6 +28,8 @@ Brent's method to machine precision.
 1.463325
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
 0.78533
+
+Pieces: its scheme ``otm.schemes.IID``; torch twin ``otm.torch.kseq`` with the batched rho* in ``otm/torch/_rho.py``; alpha* in ``otm.optimum`` (iid).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ The plan is folded onto draft *sets* (the membership cost only sees the set),
 repaired to exact feasibility after the solve, and completed by coupling the
 unmatched draft mass independently with the unmatched target mass, so its
 output law is the target up to rounding whatever the solver's tolerances.
+
+Pieces: the plan comes from ``otm.lp.solve_lp`` for any ``otm.schemes`` scheme; no torch twin (the LP fits small V only).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ acceptance, :math:`1 - \prod_i (1 - \sum_x \min(p_i(x), q(x)))`.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)
 0.76
+
+Pieces: its scheme ``otm.schemes.IID``; torch twin ``otm.torch.rrs``; alpha* in ``otm.optimum`` (iid).
 """
 
 from __future__ import annotations

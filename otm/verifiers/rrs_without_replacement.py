@@ -33,7 +33,7 @@ After a rejection of ``x`` the state becomes
 :math:`p_{i+1} = \mathrm{norm}((p_i - q_i)_+)` (the same for every rejected ``x``)
 and :math:`q_{i+1} = \mathrm{norm}(q_i \cdot 1[\cdot \ne x])`. A rejected token
 has zero mass in every later residual, so membership acceptance equals loop
-acceptance (theory section 4.3) and
+acceptance (Jeon et al., 2024; docs/theory.md section 3) and
 
 .. math::
 
@@ -55,6 +55,8 @@ simulating the verifier).
 >>> import numpy as np
 >>> law([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [2, 0]).round(4)
 array([0.6667, 0.    , 0.3333])
+
+Pieces: its scheme ``otm.schemes.WithoutReplacement``; torch twin ``otm.torch.rrs_without_replacement`` and sampler ``otm.torch.sample_without_replacement``; alpha* in ``otm.optimum`` (the exponential race); its acceptance below.
 """
 
 from __future__ import annotations

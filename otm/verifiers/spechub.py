@@ -27,6 +27,8 @@ accepts the hub outright when :math:`p(a) > 1 - 10^{-3}`; this module does not.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6]), 6)
 1.0
+
+Pieces: its scheme ``otm.schemes.SpecHub``; torch twin ``otm.torch.spechub`` and sampler ``otm.torch.sample_spechub``; alpha* in closed form in ``otm.optimum`` (spechub).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ The output law is exactly :math:`p`; the acceptance is
 >>> import numpy as np
 >>> law([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], [2]).round(4)
 array([0.5   , 0.1667, 0.3333])
+
+Pieces: its scheme ``otm.schemes.IID`` (k = 1); torch twin ``otm.torch.speculative``; alpha* in ``otm.optimum`` (iid).
 """
 
 from __future__ import annotations
