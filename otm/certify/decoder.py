@@ -95,7 +95,7 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
         raise OtmError(f"length must be a whole number >= 1 (draft depth L), got {length!r}")
     if not 0 < alpha < 1:
         raise OtmError(f"alpha must lie in (0, 1), got {alpha!r}")
-    knows_law = all(_has_exact_law(v) for v in (root, deep))
+    knows_law = all(v is None or _has_exact_law(v) for v in (root, deep))  # None: a whole-tree rule
     if exact is None:
         exact = knows_law
     elif exact and not knows_law:

@@ -75,7 +75,7 @@ class Row:
 
 
 def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
-    """The bench's rows: autoregressive, HF assisted, k = 1 per L, then k x L per verifier."""
+    """The bench's rows: autoregressive, HF assisted, k = 1 per L (speculative, and block when asked), then k x L per verifier."""
     from .decoder import VERIFIERS
 
     rows = [Contender("autoregressive", "autoregressive")]
@@ -84,7 +84,11 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
     if 1 in ks:
         for L in lengths:
             rows.append(Contender(f"speculative k=1 L={L}", "speculative", 1, L, "speculative", "iid"))
+            if "block" in verifiers:  # block verification of the same single chain (otm.decode.tree_rules)
+                rows.append(Contender(f"block k=1 L={L}", "speculative", 1, L, "block", "iid"))
     for v in verifiers:
+        if v == "block":
+            continue  # k = 1 only: beside the speculative rows above
         scheme = next((s for s, names in VERIFIERS.items() if v in names), None)
         for k in ks:
             if k == 1:

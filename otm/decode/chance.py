@@ -1,7 +1,7 @@
 r"""The one door through which the decoder makes every random choice.
 
 :func:`~otm.decode.decoder.speculative_decode` and :func:`~otm.decode.decoder.autoregressive_decode`
-make four kinds of random choice, and only through a :class:`Chance`:
+make five kinds of random choice, and only through a :class:`Chance`:
 
 ==================================  ==========================================================
 choice                              law
@@ -13,6 +13,9 @@ choice                              law
 :meth:`Chance.verify`               the verifier's output token y given (target law, draft
                                     law, drafts) at a node
 :meth:`Chance.bonus`                the target's own draw at a leaf (and every autoregressive step)
+:meth:`Chance.index`                a draw from an explicit finite law: a whole-tree rule's
+                                    decision (block verification's accepted length) and its
+                                    residual token (:mod:`otm.decode.tree_rules`)
 ==================================  ==========================================================
 
 Two doors:
@@ -42,7 +45,8 @@ Elementary choices of :class:`Enumerated` (all float64):
   :math:`\pi(y \mid p, q, \bar x)` (its uniforms integrated out), from
   :func:`exact_law_of`: the numpy twin ``otm.verifiers.<name>.law`` of a built-in torch
   verifier, or the callable's own ``.law`` attribute;
-* bonus: one choice over the support of the target law, :math:`P(y) = p(y) / \sum p`.
+* bonus: one choice over the support of the target law, :math:`P(y) = p(y) / \sum p`;
+* index: one choice over the support of the given law, :math:`P(i) = w(i) / \sum w`.
 
 >>> import torch
 >>> door = Enumerated([1])
@@ -86,6 +90,11 @@ class Chance:
         """A draw from the target law ``[1, V]`` (the bonus token at a leaf, or an autoregressive step)."""
         raise NotImplementedError
 
+    def index(self, law: torch.Tensor) -> int:
+        """A draw from an explicit finite law ``[1, n]`` (a whole-tree rule's decision, e.g. block
+        verification's accepted length), and from a residual law of such a rule."""
+        raise NotImplementedError
+
 
 class Sampled(Chance):
     """Random draws from a ``torch.Generator`` (what :func:`speculative_decode` does with a seed).
@@ -107,6 +116,9 @@ class Sampled(Chance):
 
     def bonus(self, target):
         return int(ot.sample_iid(target, 1, generator=self.generator, validate=self.validate)[0, 0])
+
+    def index(self, law):
+        return int(ot.sample_iid(law, 1, generator=self.generator, validate=self.validate)[0, 0])
 
 
 def _builtin_laws() -> dict[int, Callable]:
@@ -206,6 +218,9 @@ class Enumerated(Chance):
 
     def bonus(self, target):
         return self._categorical(_as_numpy(target, "target"))
+
+    def index(self, law):
+        return self._categorical(_as_numpy(law, "decision"))
 
 
 __all__ = ["Chance", "Enumerated", "Sampled", "exact_law_of"]

@@ -25,8 +25,8 @@ from ..laws import OtmError
 
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
-DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement"
-ALL_VERIFIERS = ("kseq", "rrs", "speculative", "rrs_without_replacement")
+DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block"
+ALL_VERIFIERS = ("kseq", "rrs", "speculative", "rrs_without_replacement", "block")
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -74,7 +74,7 @@ def register(sub) -> None:
     bench = sub.add_parser("bench-decode", help="block efficiency and speed table on a fixed prompt set")
     bench.add_argument("--k", default=DEFAULT_KS, help=f"drafts per position, comma-separated (default {DEFAULT_KS})")
     bench.add_argument("--length", default=DEFAULT_LENGTHS, help=f"draft depths (default {DEFAULT_LENGTHS})")
-    bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2 (default {DEFAULT_VERIFIERS})")
+    bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2, and block for k = 1 (default {DEFAULT_VERIFIERS})")
     bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts (default 8, at most 8)")
     bench.add_argument("--no-hf", action="store_true", help="leave out transformers' assisted generation")
     bench.add_argument("--peer-draft", default=None,

@@ -64,15 +64,18 @@ from ..laws import OtmError
 from .chance import Chance, Sampled
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
+from .tree_rules import TREE_RULES, LevelByLevel, TreeRule
 
 SCHEMES = ("iid", "without_replacement")
 """Draft schemes of the decoder."""
 
 VERIFIERS = {
-    "iid": ("kseq", "rrs", "speculative"),
+    "iid": ("kseq", "rrs", "speculative", "block"),
     "without_replacement": ("rrs_without_replacement", "speculative"),
 }
-"""Verifiers (names of :data:`otm.torch.VERIFIERS`) valid for each scheme; ``speculative`` needs k = 1."""
+"""Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
+by level) and whole-tree rules (:data:`otm.decode.tree_rules.TREE_RULES`); ``speculative`` and
+``block`` take one draft chain (k = 1)."""
 
 ROLLBACKS = ("gather", "refeed")
 """How the target cache returns to the accepted path (see :func:`speculative_decode`)."""
@@ -337,12 +340,23 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
     if verifier not in VERIFIERS[scheme]:
         known = ", ".join(VERIFIERS[scheme])
         raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
-    if verifier == "speculative" and k != 1:
-        raise OtmError(f"the speculative verifier takes one draft (k = 1), got k = {k}: use kseq or rrs")
+    if verifier in ("speculative", "block") and k != 1:
+        raise OtmError(f"the {verifier} verifier takes one draft chain (k = 1), got k = {k}: use kseq or rrs")
+    if verifier in TREE_RULES:
+        return None, None, verifier  # a whole-tree rule (resolve_rule)
     root = ot.VERIFIERS[verifier]
     if scheme == "without_replacement":
         return root, ot.speculative, verifier  # single continuations below the root
     return root, root, verifier
+
+
+def resolve_rule(verifier, scheme: str, k: int) -> TreeRule:
+    """The tree rule of a run: a whole-tree rule by name (``"block"``), else SpecTr's level-by-level
+    walk with the token-level verifiers of :func:`resolve_verifiers`."""
+    root, deep, name = resolve_verifiers(verifier, scheme, k)
+    if root is None:
+        return TREE_RULES[name]()
+    return LevelByLevel(root, deep, name)
 
 
 # -- the decoder ------------------------------------------------------------------------
@@ -372,7 +386,7 @@ class _Decoder:
         self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass
         self.tree_features = self.prompt_features = None
         self.k, self.L, self.scheme = k, length, scheme
-        self.root_verifier, self.deep_verifier = verifier
+        self.rule = verifier  # a TreeRule (otm.decode.tree_rules); None for the autoregressive baseline
         self.sampling, self.law_dtype = sampling, law_dtype
         self.max_new, self.eos = max_new_tokens, eos
         self.chance = chance  # every random choice goes through it (otm.decode.chance)
@@ -479,27 +493,10 @@ class _Decoder:
         return self.chance.bonus(target_laws[node : node + 1])
 
     def walk(self, tree: DraftTree, drafts: "_Drafts | None", target_laws) -> tuple[list[int], list[int]]:
-        """Emitted tokens and the accepted path (its nodes, depth 1 first)."""
-        node, emitted, path = 0, [], []
-        while True:
-            kids = tree.children[node]
-            if not kids:  # a leaf (or no drafts at all): the target's own draw (bonus token)
-                emitted.append(self.bonus(tree, node, target_laws))
-                return emitted, path
-            p_node = target_laws[node : node + 1]  # [1, V]
-            depth = tree.depth[node]
-            tokens = drafts.rows[tree.rows_through[node], depth][None]  # [1, m]: the children's tokens with multiplicity
-            q_node = self.node_draft_law(tree, node, drafts).to(p_node.device)  # [1, V]
-            verify = self.root_verifier if depth == 0 else self.deep_verifier
-            y = self.chance.verify(verify, p_node, q_node, tokens)
-            emitted.append(y)
-            self.stats.verified_by_depth[depth] += 1
-            child = next((c for c in kids if int(tree.tokens[c]) == y), None)
-            if child is None:  # y is the correction token
-                return emitted, path
-            self.stats.accepted_by_depth[depth] += 1
-            node = child
-            path.append(node)
+        """Emitted tokens and the accepted path (its nodes, depth 1 first): the run's tree rule."""
+        if not tree.children[0]:  # no drafts this step (autoregressive, or a feature draft's first step)
+            return [self.bonus(tree, 0, target_laws)], []
+        return self.rule.walk(self, tree, drafts, target_laws)
 
     # 5. rollback -------------------------------------------------------------------------------
     def rollback_target(self, committed: int, emitted: list[int], path: list[int]) -> None:
@@ -689,16 +686,16 @@ def speculative_decode(
     length = _check_positive(length, "length", "draft depth L")
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
-    verifiers = resolve_verifiers(verifier, scheme, k)
+    rule = resolve_rule(verifier, scheme, k)
     if target_rollback not in ROLLBACKS:
         raise OtmError(f"target_rollback must be one of {', '.join(ROLLBACKS)}, got {target_rollback!r}")
     _check_models(target, draft)
     prompt = _prompt_ids(input_ids, _vocab_size(target))
     device = _device_and_dtype(target)[0]
     decoder = _Decoder(
-        target, draft, prompt, k=k, length=length, scheme=scheme, verifier=verifiers[:2], sampling=sampling,
+        target, draft, prompt, k=k, length=length, scheme=scheme, verifier=rule, sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
-        law_dtype=law_dtype, method=f"{verifiers[2]} {scheme} k={k} L={length}",
+        law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}",
         target_rollback=target_rollback,
     )
     return decoder.run(on_tokens)
@@ -727,7 +724,7 @@ def autoregressive_decode(
     prompt = _prompt_ids(input_ids, _vocab_size(target))
     device = _device_and_dtype(target)[0]
     decoder = _Decoder(
-        target, None, prompt, k=1, length=0, scheme="iid", verifier=(None, None), sampling=sampling,
+        target, None, prompt, k=1, length=0, scheme="iid", verifier=None, sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, True),
         law_dtype=law_dtype, method="autoregressive",
     )

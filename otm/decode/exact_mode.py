@@ -156,7 +156,8 @@ def exact_decode(target, draft, input_ids, *, max_new_tokens: int, max_runs: int
     if draft is not None:  # refuse a verifier without an exact law before any run
         for verifier in resolve_verifiers(options.get("verifier", "kseq"), options.get("scheme", "iid"),
                                           options.get("k", 4))[:2]:
-            exact_law_of(verifier)
+            if verifier is not None:  # None: a whole-tree rule, whose decisions carry their own laws
+                exact_law_of(verifier)
 
     def run(door: Enumerated):
         if draft is None:
