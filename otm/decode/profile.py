@@ -614,12 +614,13 @@ def format_profile(p: Profile, command: str = "") -> str:
             out.append(" " * 7 + f"{'':<44}{n:<25}skipped: {why}")
     out += ["", f"block efficiency (new tokens per target call) at L = {L}",
             f"  model: {MODEL}",
-            "  ceiling: the same model at alpha* of the best scheme (no verifier of that scheme can do better at depth 1)"]
+            "  ceiling: the same model at the highest mean alpha* over the schemes (no verifier of that scheme does better "
+            "at depth 1; the decoder runs iid and without_replacement drafts, not greedy)"]
     if p.checks:
         out.append(f"  measured: {c['check']}; 'depth formula' = the model fed with the measured acceptance by depth")
     else:
         out.append(f"  measured: {c['check']}")
-    out.append(f"  {'k':>3}  {'verifier':<25}{'predicted':<23}{'ceiling':<26}{'measured':<10}{'depth formula':<15}"
+    out.append(f"  {'k':>3}  {'verifier':<25}{'predicted':<23}{'ceiling':<29}{'measured':<10}{'depth formula':<15}"
                "measured acceptance by depth (accepted/verified)")
     for r in p.rows:
         chk = p.check(r.k)
@@ -627,11 +628,11 @@ def format_profile(p: Profile, command: str = "") -> str:
         pred = r.verifiers[name].predicted_block_efficiency
         ceiling = f"{r.ceiling_block_efficiency:.2f} ({r.ceiling_scheme})"
         if chk is None:
-            out.append(f"  {r.k:>3}  {name:<25}{_ci(pred, 2):<23}{ceiling:<26}{'-':<10}{'-':<15}-")
+            out.append(f"  {r.k:>3}  {name:<25}{_ci(pred, 2):<23}{ceiling:<29}{'-':<10}{'-':<15}-")
             continue
         depths = " ".join(f"{_f(a, 2)} ({acc}/{ver})" for a, acc, ver in
                           zip(chk.acceptance_by_depth, chk.accepted_by_depth, chk.verified_by_depth))
-        out.append(f"  {r.k:>3}  {name:<25}{_ci(pred, 2):<23}{ceiling:<26}{_f(chk.block_efficiency, 2):<10}"
+        out.append(f"  {r.k:>3}  {name:<25}{_ci(pred, 2):<23}{ceiling:<29}{_f(chk.block_efficiency, 2):<10}"
                    f"{_f(chk.depth_formula, 2):<15}{depths}")
     if p.checks:
         tokens = sum(x.new_tokens for x in p.checks)
@@ -645,8 +646,9 @@ def format_profile(p: Profile, command: str = "") -> str:
             "  (a feature draft drafts nothing on it), the depth cut near the token budget and EOS; the depth formula does not.",
         ]
     s = c["seconds"]
-    out.append(f"\ntime: laws {s['laws']:.1f} s, acceptance {s['acceptance']:.1f} s, decode check {s['check']:.1f} s, "
-               f"total {s['total']:.1f} s (models loaded before)")
+    load = f"loading the models {s['load']:.1f} s, " if "load" in s else ""
+    out.append(f"\ntime: {load}laws {s['laws']:.1f} s, acceptance {s['acceptance']:.1f} s, decode check {s['check']:.1f} s; "
+               f"{s['total']:.1f} s after loading")
     return "\n".join(out)
 
 
