@@ -17,6 +17,10 @@ growth with k), not for equality: different models, data and temperature.
     .venv/bin/python analysis/paper_table.py --prompts 8 --positions 8        # small size
     .venv/bin/python analysis/paper_table.py --prompts 32 --positions 16      # larger
 
+The laws and the per-position numbers come from the library of ``otm profile``
+(:mod:`otm.decode.profile`: ``prompt_ids``, ``continuation_laws``, ``position_acceptances``); this
+script adds the papers' columns, the cache and the table files.
+
 Per-prompt results are cached (``<out>/cache/paper_table-<config>.jsonl``) so a run can be cut
 short and resumed. The model loader is injectable (``run(loader, ...)``); the tests use
 :func:`tiny_loader` (random 1-layer Llamas, V = 64) so the script is tested without the real models.
@@ -35,31 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otm.analysis.io import load_resume_cache, write_table  # noqa: E402
-
-PROMPTS = [
-    # instruction following (Alpaca / Dolly style)
-    "Give three tips for staying healthy.",
-    "Explain why the sky is blue in two sentences.",
-    "Write a short poem about the sea.",
-    "What are the main differences between a cat and a dog as pets?",
-    "List four uses of a paperclip.",
-    "How do I make a cup of tea?",
-    "Describe a typical day of a software engineer.",
-    "What is the capital of France, and why is it famous?",
-    # summarisation (XSum / CNN-DM style)
-    "Summarize in one sentence: The city council voted on Tuesday to expand the bus network, adding "
-    "twelve new routes and extending service hours until midnight starting next spring.",
-    "Summarize: Researchers found that people who walk for thirty minutes a day sleep better and report "
-    "lower stress than those who do not exercise.",
-    "Summarize the plot of Cinderella in two sentences.",
-    "Summarize: The football club announced a new coach after a season in which the team finished "
-    "tenth, its worst result in a decade.",
-    # translation (WMT style)
-    "Translate to English: Das Wetter ist heute sehr schön.",
-    "Translate to English: Ich möchte ein Glas Wasser, bitte.",
-    "Translate to French: Where is the train station?",
-    "Translate to German: The book is on the table.",
-]
+from otm.decode.profile import PROMPTS  # noqa: E402  (the built-in prompt set of `otm profile`; imports no torch)
 
 # Khisti et al. Table 3 (Khisti et al., ICLR 2025, Table 3): average per-token acceptance, K = 2 / 4 / 8.
 # Their "Optimal" = alpha* for i.i.d. drafts, "SpecTr" = K-SEQ, "SpecInfer" = RRS, "IS" = their
@@ -142,52 +122,33 @@ def tiny_loader(vocab_size: int = 64, seed: int = 0):
     return models[0], models[1], TinyTokenizer(vocab_size)
 
 
-def _prompt_ids(tokenizer, prompt: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer.encode(prompt))
-
-
 def laws_for_prompt(target_model, draft_model, tokenizer, prompt: str, *, positions: int, temperature: float, seed: int):
     """Target-sampled continuation of ``prompt``; both models' next-token laws at each new position.
 
-    Returns two float64 arrays ``[positions, V]`` (target, draft), both ``softmax(logits / T)``.
+    Returns two float64 arrays ``[positions, V]`` (target, draft), both ``softmax(logits / T)``:
+    :func:`otm.decode.profile.continuation_laws` after :func:`otm.decode.profile.prompt_ids` (the
+    same library ``otm profile`` runs).
     """
-    import torch
+    from otm.decode.profile import continuation_laws, prompt_ids
 
-    from otm.decode.feature_draft import draft_logits
-
-    ids = torch.tensor([_prompt_ids(tokenizer, prompt)])
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _ in range(positions - 1):  # sample the continuation from the target
-            logits = target_model(ids).logits[0, -1].double() / temperature
-            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-            ids = torch.cat([ids, nxt[None]], dim=1)
-        start = ids.shape[1] - positions  # laws predicting continuation tokens 1..positions
-        lt = target_model(ids).logits[0, start:].double() / temperature
-        ld = draft_logits(draft_model, target_model, ids)[0, start:].double() / temperature
-    return torch.softmax(lt, -1).numpy(), torch.softmax(ld, -1).numpy()
+    return continuation_laws(target_model, draft_model, prompt_ids(tokenizer, prompt), positions=positions,
+                             temperature=temperature, seed=seed)
 
 
 def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
-    from otm.verifiers import rrs_without_replacement
-    from otm.optimum import optimal_acceptance
-    from otm.verifiers import greedy, kseq, rrs
+    """This table's columns at one position, from :func:`otm.decode.profile.position_acceptances` (k >= 2)."""
+    from otm.decode.profile import position_acceptances
 
-    est = rrs_without_replacement.acceptance(target, draft, k, paths=paths, rng=rng)
+    r = position_acceptances(target, draft, k, paths=paths, rng=rng)
     return {
-        "opt_iid": optimal_acceptance(target, draft, k, "iid"),
-        "kseq": kseq.acceptance(target, draft, k),
-        "rrs": rrs.acceptance(target, draft, k),
-        "opt_wo": optimal_acceptance(target, draft, k, "without_replacement"),
-        "rrsw": est.value,
-        "rrsw_var": est.se**2,
-        "opt_greedy": optimal_acceptance(target, draft, k, "greedy"),
-        "greedy": greedy.acceptance(target, draft, k),
+        "opt_iid": r["alpha_iid"],
+        "kseq": r["kseq"],
+        "rrs": r["rrs"],
+        "opt_wo": r["alpha_without_replacement"],
+        "rrsw": r["rrs_without_replacement"],
+        "rrsw_var": r["rrs_without_replacement_se"] ** 2,
+        "opt_greedy": r.get("alpha_greedy", float("nan")),
+        "greedy": r.get("greedy", float("nan")),
     }
 
 

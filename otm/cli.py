@@ -3,6 +3,7 @@
     otm acceptance --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 -k 2 --scheme iid [--json]
     otm certify MODULE:FUNCTION --kind law|sampler|torch|decoder --scheme iid -k 2 [--tv 0.01] [--json]
     otm demo [--no-decode]
+    otm decode | bench-decode | profile ...   (otm/decode/cli.py; otm[decode])
 
 Bad input prints one line on stderr (``otm: error: ...``) and exits with status 2;
 no traceback. ``otm certify`` exits with 0 when the rule is certified, 1 when it is refuted.
@@ -362,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .decode import cli as decode_cli  # imports no torch until a command runs
 
     analysis_cli.register(sub)  # `otm gap` (otm/analysis/cli.py)
-    decode_cli.register(sub)  # `otm decode`, `otm bench-decode` (otm/decode/cli.py)
+    decode_cli.register(sub)  # `otm decode`, `otm bench-decode`, `otm profile` (otm/decode/cli.py)
     return parser
 
 
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = EXTRAS.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
-        if getattr(args, "command", None) in ("decode", "bench-decode", "demo"):
+        if getattr(args, "command", None) in ("decode", "bench-decode", "profile", "demo"):
             extra = "decode"  # the decoder needs torch and transformers both
         print(f"otm: error: this command needs {exc.name}, which is not installed: "
               f"pip install 'otm[{extra}]' (or `make test`, which installs everything)", file=sys.stderr)

@@ -52,6 +52,7 @@ def test_core_commands_run_without_torch():
 @pytest.mark.parametrize("argv, extra", [
     (["certify", "otm.torch:kseq", "--kind", "torch", "-k", "2"], "otm[torch]"),
     (["decode", "--prompt", "hi", "--max-new-tokens", "2"], "otm[decode]"),
+    (["profile", "-k", "1,2", "--positions", "1"], "otm[decode]"),
 ])
 def test_a_command_without_its_extra_names_the_extra(argv, extra):
     res = _run_without_torch(f"from otm.cli import main\nsys.exit(main({argv!r}))\n")

@@ -1,4 +1,4 @@
-"""``otm decode`` and ``otm bench-decode`` (registered by :func:`register` from ``otm.cli``).
+"""``otm decode``, ``otm bench-decode`` and ``otm profile`` (registered by :func:`register` from ``otm.cli``).
 
     otm decode --prompt "Tell me a story" -k 8 --length 4 --verifier kseq [--scheme iid]
                [--temperature 1 --top-k 0 --top-p 1] [--max-new-tokens 64]
@@ -9,6 +9,11 @@ In a terminal ``otm decode`` streams the text with the live figures on the botto
 stderr; ``--json`` prints one object.
     otm bench-decode [--k 1,2,4,8] [--length 2,4,8] [--verifiers kseq,rrs,rrs_without_replacement]
                      [--max-new-tokens 64] [--prompts 8] [--no-hf]
+    otm profile [--target DIR --draft DIR] [--prompts FILE] [-k 1,2,4,8] [--length 4] [--temperature 1]
+                [--positions 8] [--json] [--plot DIR] [--seed 0] [--threads N] [--no-check]
+
+``otm profile`` (library: :mod:`otm.decode.profile`) answers "for my target and draft, on my
+prompts, how much would k drafts and which verifier buy, and what is the ceiling alpha*?".
 
 Models: ``--target``/``--draft`` are Hugging Face model directories; left out, the embedded pair
 of :func:`otm.decode.models.load_pair` (SmolLM2-135M-Instruct and the committed draft). The prompt is
@@ -82,6 +87,36 @@ def register(sub) -> None:
                             "(default then: the embedded token-only draft)")
     _common(bench)
     bench.set_defaults(func=cmd_bench)
+
+    prof = sub.add_parser("profile", help="how much k drafts and each verifier would buy on your pair: alpha*, "
+                                          "acceptance at real positions, predicted vs measured block efficiency")
+    prof.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    prof.add_argument("--draft", default=None, help="draft model directory (default: the embedded draft)")
+    prof.add_argument("--prompts", default=None, metavar="FILE",
+                      help="text file, one prompt (user message) per line (default: the built-in set)")
+    prof.add_argument("--num-prompts", type=int, default=None, metavar="N",
+                      help="use the first N prompts (default: every line of FILE, or 8 of the 16 built-in prompts)")
+    prof.add_argument("-k", default=DEFAULT_KS, help=f"drafts per position, comma-separated (default {DEFAULT_KS})")
+    prof.add_argument("--length", "-L", type=int, default=4, help="draft depth L of the block-efficiency figures (default 4)")
+    prof.add_argument("--temperature", type=float, default=1.0, help="temperature of both laws, > 0 (default 1)")
+    prof.add_argument("--positions", type=int, default=8, help="positions per prompt (default 8)")
+    prof.add_argument("--paths", type=int, default=200,
+                      help="Monte Carlo paths per position for rrs_without_replacement where its exact sum does not fit "
+                           "(default 200)")
+    prof.add_argument("--verifier", default="best", choices=["best", "kseq", "rrs", "rrs_without_replacement"],
+                      help="verifier of the decode check for k >= 2 (default: the best mean acceptance per k)")
+    prof.add_argument("--check-prompts", type=int, default=2, help="prompts of the decode check (default 2)")
+    prof.add_argument("--check-tokens", type=int, default=32, help="new tokens per prompt of the decode check (default 32)")
+    prof.add_argument("--no-check", action="store_true", help="skip the decode check (no measured block efficiency)")
+    prof.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    prof.add_argument("--plot", default=None, metavar="DIR", help="write profile.png and profile.svg into DIR")
+    prof.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    prof.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
+    prof.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    prof.add_argument("--threads", type=int, default=None,
+                      help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
+    prof.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    prof.set_defaults(func=cmd_profile)
 
 
 def _sampling(args):
@@ -212,4 +247,57 @@ def cmd_bench(args) -> int:
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
               peer_draft=peer, progress=not args.no_progress, command=command)
+    return 0
+
+
+def _describe(model, path, default: str) -> str:
+    size = sum(p.numel() for p in model.parameters())
+    return f"{path if path else default} ({type(model).__name__}, {size:,} parameters)"
+
+
+def cmd_profile(args) -> int:
+    import json
+    import time
+
+    from . import profile as pf
+
+    ks = _int_list(args.k, "k")
+    pf.check_settings(temperature=args.temperature, positions=args.positions, length=args.length, paths=args.paths,
+                      check_prompts=args.check_prompts, check_tokens=args.check_tokens)
+    if args.prompts is not None:
+        prompts, source = pf.read_prompts(args.prompts), f"{args.prompts}"
+    else:
+        prompts, source = list(pf.PROMPTS), "the built-in set"
+    n = args.num_prompts if args.num_prompts is not None else (len(prompts) if args.prompts else pf.DEFAULT_NUM_PROMPTS)
+    if not 1 <= n <= len(prompts):
+        raise OtmError(f"--num-prompts must lie in 1..{len(prompts)} ({len(prompts)} prompts in {source}), got {n}")
+    source = f"the first {n} of {len(prompts)} in {source}" if n < len(prompts) else f"all of {source}"
+    prompts = prompts[:n]
+    command = "otm profile" + "".join(
+        f" {flag} {value}" for flag, value in (
+            ("--target", args.target), ("--draft", args.draft), ("--prompts", args.prompts),
+            ("--num-prompts", args.num_prompts), ("-k", ",".join(map(str, ks))), ("--length", args.length),
+            ("--temperature", f"{args.temperature:g}"), ("--positions", args.positions), ("--paths", args.paths),
+            ("--seed", args.seed), ("--threads", args.threads))
+        if value is not None) + (" --no-check" if args.no_check else "")
+    start = time.perf_counter()
+    target, draft, tokenizer = _load(args)
+    loaded = time.perf_counter() - start
+    names = {"target": _describe(target, args.target, "embedded SmolLM2-135M-Instruct"),
+             "draft": _describe(draft, args.draft, "embedded draft (otm/draft_model)"),
+             "prompts": source}
+    result = pf.profile(target, draft, tokenizer, prompts, ks=ks, length=args.length, temperature=args.temperature,
+                        positions=args.positions, paths=args.paths, seed=args.seed, check=not args.no_check,
+                        check_prompts=args.check_prompts, check_tokens=args.check_tokens, verifier=args.verifier,
+                        progress=not args.no_progress, names=names, eos_token_id=tokenizer.eos_token_id)
+    result.conditions["command"] = command
+    result.conditions["seconds"]["load"] = round(loaded, 1)
+    plots = pf.plot_profile(result, args.plot) if args.plot else []
+    result.conditions["plots"] = [str(p) for p in plots]
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(pf.format_profile(result, command))
+        for p in plots:
+            print(f"wrote {p}")
     return 0
