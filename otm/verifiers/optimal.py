@@ -111,7 +111,7 @@ from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_s
 THETA_CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Fractions of the admissible split range tried per layer (the best acceptance wins)."""
 
-NEWTON_STEPS = 40
+NEWTON_STEPS = 12
 """Newton iterations for the per-token split equation (monotone from below; exits early)."""
 
 
@@ -138,26 +138,31 @@ class Plan:
 
 
 def _split(cA, L, Q, Vt, theta_split, k):
-    """Solve (c^k - (c-T)^k) + ((c-S)^k - (c-S-Q+T)^k) = Vt for T in [max(0, Q-L+S), min(Q, S)]."""
+    """Solve (c^k - (c-T)^k) + ((c-S)^k - (c-S-Q+T)^k) = Vt for T in [max(0, Q-L+S), min(Q, S)].
+
+    With a = c - T and b = (c - S - Q + T) = W - a this is a^k + (W - a)^k = C, convex and
+    increasing in a on a >= W/2; Newton from the upper bound a = C^(1/k) decreases monotonically.
+    """
     lo = np.maximum(0.0, Q - (L - theta_split))
     hi = np.minimum(Q, theta_split)
-    T = lo.copy()
     cs = cA - theta_split
-    ck, csk = cA**k, cs**k
+    W = cs - Q + cA
+    C = np.maximum(cA**k + cs**k - Vt, 0.0)
+    a_min, a_max = cA - hi, cA - lo
+    a = np.clip(C ** (1.0 / k), a_min, a_max)
+    tol = 4 * np.finfo(float).eps
     for _ in range(NEWTON_STEPS):
-        a = cA - T
-        b = np.maximum(cs - Q + T, 0.0)
-        h = (ck - a**k) + (csk - b**k)
-        dh = k * (a ** (k - 1) - b ** (k - 1))
-        short = Vt - h
+        b = np.maximum(W - a, 0.0)
+        over = a**k + b**k - C
+        d = k * (a ** (k - 1) - b ** (k - 1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where(dh > 0, short / dh, 0.0)
-        step = np.where(short > 0, step, 0.0)
-        new = np.minimum(T + step, hi)
-        if not np.any(new > T):
+            step = np.where((over > 0) & (d > 0), over / d, 0.0)
+        new = np.maximum(a - step, a_min)
+        if not np.any(step > tol * a):
+            a = new
             break
-        T = new
-    return T
+        a = new
+    return cA - a
 
 
 def build(target, draft, k: int) -> Plan:
@@ -208,7 +213,8 @@ def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, 
     a_idx = starts[multi_blocks]
     b_idx = starts[multi_blocks + 1]
     n_b = b_idx - a_idx
-    pos = np.concatenate([np.arange(a, b) for a, b in zip(a_idx, b_idx)])  # sorted positions in multi layers
+    in_multi = np.repeat(sizes >= 2, sizes)
+    pos = np.flatnonzero(in_multi)  # sorted positions in multi-token layers
     which = np.repeat(np.arange(multi_blocks.size), n_b)
     first = np.zeros(pos.size, dtype=bool)
     first[np.concatenate([[0], np.cumsum(n_b)[:-1]])] = True
