@@ -1,0 +1,163 @@
+"""The ``optimal`` iid verifier: exact law always, acceptance alpha* (or its own reported gap)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otm.certify import certify
+from otm.exact import evaluate
+from otm.laws import OtmError
+from otm.lp import solve_lp
+from otm.optimum import optimal_acceptance_of
+from otm.schemes import IID, make_scheme
+from otm.testing import chi2_gof, chi2_power
+from otm.verifiers import Verifier
+from otm.verifiers import optimal
+
+from strategies import pair
+
+OPTIMAL = Verifier("optimal", optimal, ("iid",))
+
+
+def _peaked(rng, V, scale, noise):
+    z = rng.standard_normal(V) * scale
+    p = np.exp(z - z.max())
+    zd = z + rng.standard_normal(V) * noise
+    q = np.exp(zd - zd.max())
+    return p / p.sum(), q / q.sum()
+
+
+# (a) exact law by enumeration; acceptance against alpha* and the LP ---------------------------
+@settings(max_examples=60, deadline=None)
+@given(pq=pair(min_V=2, max_V=5), k=st.integers(1, 3))
+def test_law_exact_and_acceptance_vs_alpha_star(pq, k):
+    target, draft = pq
+    scheme = IID(draft, k)
+    ev = evaluate(OPTIMAL, scheme, target)
+    assert ev.law_error < 1e-9
+    bound = optimal.bind(target, scheme)
+    alpha = optimal_acceptance_of(scheme, target).value
+    assert abs(bound.alpha_star - alpha) < 1e-12
+    # the rule's own acceptance is a certified lower bound on its membership acceptance ...
+    assert ev.acceptance >= bound.acceptance - 1e-9
+    assert ev.acceptance <= alpha + 1e-9
+    # ... and the reported gap is what separates it from alpha* (0 on every case seen so far)
+    assert bound.gap >= -1e-9
+    assert bound.gap < 1e-9, f"layout missed x* by {bound.gap:.3g}"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_acceptance_equals_lp(seed):
+    rng = np.random.default_rng(seed)
+    V, k = 4, 2 + seed % 2
+    target, draft = rng.dirichlet(np.ones(V) * 0.5), rng.dirichlet(np.ones(V) * 0.5)
+    scheme = IID(draft, k)
+    lp = solve_lp(scheme, target).value
+    ev = evaluate(OPTIMAL, scheme, target)
+    assert ev.law_error < 1e-9
+    assert abs(optimal.acceptance(target, draft, k) - lp) < 1e-9
+    assert abs(ev.acceptance - lp) < 1e-9
+
+
+def test_doc_example_and_selection_law_sums():
+    plan = optimal.build([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2)
+    assert abs(plan.acceptance - 0.84) < 1e-12
+    assert abs(plan.x.sum() - 1) < 1e-12
+    sel = optimal.selection_law(plan, np.array([2, 0]))
+    assert abs(sel.sum() - 1) < 1e-12 and set(np.flatnonzero(sel)) <= {0, 2}
+
+
+def test_refuses_other_schemes():
+    with pytest.raises(OtmError, match="iid scheme only"):
+        optimal.bind([0.5, 0.5], make_scheme("without_replacement", [0.5, 0.5], 2))
+
+
+def test_zero_target_token_never_accepted():
+    plan = optimal.build([1.0, 0.0], [0.5, 0.5], 2)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        out = optimal.sample([1.0, 0.0], [0.5, 0.5], [1, 1], rng)
+        assert out.token == 0
+    assert plan.x[1] > 0
+
+
+# (b) certify ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_certify_law(k):
+    report = certify(optimal.law, kind="law", scheme="iid", k=k, examples=20 if k < 4 else 5, seed=1)
+    assert report.verdict == "certified", str(report)
+
+
+# (c) sampler vs exact law: calibrated chi-square, with a planted-bug negative control ----------
+def _cells(target, draft, drafts, rng, n, x_bug=None):
+    plan = optimal.build(target, draft, len(drafts))
+    if x_bug is not None:  # the realistic bug: accept with a selection law 10% off at one token
+        plan = optimal.Plan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
+    counts = np.zeros(2 * target.size)
+    d = np.asarray(drafts)
+    for _ in range(n):
+        out = optimal._sample(plan, target, d, rng)
+        counts[out.token + (target.size if out.accepted is not None else 0)] += 1
+    return counts
+
+
+def _cell_law(target, draft, drafts):
+    law = optimal.law(target, draft, drafts)
+    member = np.isin(np.arange(target.size), drafts)
+    return np.concatenate([np.where(member, 0, law), np.where(member, law, 0)])
+
+
+def test_sampler_matches_law_and_catches_bug():
+    target = np.array([0.35, 0.25, 0.2, 0.15, 0.05])
+    draft = np.array([0.1, 0.3, 0.3, 0.1, 0.2])
+    drafts = [2, 1, 4]  # all in the min cut H* = {1..4}: selection, rejections and residual all matter
+    n = 20000
+    law = _cell_law(target, draft, drafts)
+    res = chi2_gof(_cells(target, draft, drafts, np.random.default_rng(11), n), law)
+    assert not res.reject, str(res)
+    # planted bug: the SD step uses a selection law 10% too high at one drafted token
+    plan = optimal.build(target, draft, 3)
+    x_bug = plan.x.copy()
+    sel0 = optimal.selection_law(plan, np.asarray(drafts))
+    y = int(np.argmax(np.where(1.1 * plan.x > target, sel0, -1)))  # a drafted token where the bug bites
+    x_bug[y] *= 1.1
+    bugged = optimal.Plan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
+    sel = optimal.selection_law(plan, np.asarray(drafts))
+    acc = np.minimum(1.0, target / np.where(sel > 0, x_bug, 1.0)) * (sel > 0)
+    bug_law = np.zeros(10)
+    res_b = np.maximum(target - x_bug, 0)
+    res_b = res_b / res_b.sum()
+    rej = float((sel * (1 - acc)).sum())
+    member = np.isin(np.arange(5), drafts)
+    tok = sel * acc + rej * res_b
+    bug_law[:5] = np.where(member, 0, rej * res_b)
+    bug_law[5:] = np.where(member, tok, 0)
+    power = chi2_power(n, law, bug_law)
+    assert power > 0.99, power
+    counts = np.zeros(10)
+    rng = np.random.default_rng(12)
+    for _ in range(n):
+        out = optimal._sample(bugged, target, np.asarray(drafts), rng)
+        counts[out.token + (5 if out.accepted is not None else 0)] += 1
+    assert chi2_gof(counts, law).reject
+
+
+# (d) V = 49152: Monte Carlo acceptance of the sampler vs alpha* --------------------------------
+def test_monte_carlo_acceptance_at_full_vocabulary():
+    rng = np.random.default_rng(2026)
+    V, k, n = 49152, 4, 4000
+    target, draft = _peaked(rng, V, 3.0, 1.0)
+    bound = optimal.bind(target, IID(draft, k))
+    assert abs(bound.gap) < 1e-9
+    cdf = np.cumsum(draft)
+    hits = 0
+    for _ in range(n):
+        d = np.minimum(np.searchsorted(cdf, rng.random(k) * cdf[-1], side="right"), V - 1)
+        out = bound.sample(d, rng)
+        hits += out.accepted is not None
+    a = bound.alpha_star
+    half = 1.96 * np.sqrt(a * (1 - a) / n) + 1e-3
+    assert abs(hits / n - a) < half, (hits / n, a, half)
