@@ -88,6 +88,7 @@ CLOSED_FORMS = {
     "rrs": "closed form 1 - prod(1 - sum min(p_i, q))",
     "greedy": "closed form (Hu et al.)",
     "spechub": "closed form (SpecHub)",
+    "optimal": "its own closed form sum min(x*, target): alpha* less its reported gap",
 }
 
 
@@ -104,6 +105,10 @@ def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, st
         return greedy.acceptance(target, draft, k), CLOSED_FORMS[name]
     if name == "spechub":
         return spechub.acceptance(target, draft), CLOSED_FORMS[name]
+    if name == "optimal":
+        from .verifiers import optimal
+
+        return optimal.acceptance(target, draft, k), CLOSED_FORMS[name]
     if name == "rrs_without_replacement":
         from .verifiers.rrs_without_replacement import acceptance
 

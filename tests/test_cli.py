@@ -23,7 +23,7 @@ def test_json_is_one_object_with_every_applicable_verifier(scheme, capsys):
     assert report["scheme"] == scheme and report["k"] == 2
     assert abs(report["optimal"]["lp"] - report["optimal"]["fast"]) < 1e-9
     expected = {
-        "iid": {"kseq", "rrs", "lp_optimal"},
+        "iid": {"kseq", "rrs", "lp_optimal", "optimal"},
         "without_replacement": {"rrs_without_replacement", "lp_optimal"},
         "greedy": {"greedy", "lp_optimal"},
         "spechub": {"spechub", "lp_optimal"},
@@ -109,7 +109,7 @@ def test_lp_too_large_is_skipped_and_said(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["optimal"]["lp"] is None and "not built" in report["methods"]["lp"]
     assert abs(report["optimal"]["fast"] - 1.0) < 1e-12
-    assert "lp_optimal" in report["skipped"] and set(report["verifiers"]) == {"kseq", "rrs"}
+    assert "lp_optimal" in report["skipped"] and set(report["verifiers"]) == {"kseq", "rrs", "optimal"}
 
 
 def test_laws_from_files_at_real_vocabulary(tmp_path, capsys):

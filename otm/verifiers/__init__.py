@@ -10,6 +10,8 @@ name                        scheme(s)                      source
 ``greedy``                  ``greedy``                     Hu et al., ICLR 2025
 ``spechub``                 ``spechub`` (k = 2)            Sun et al., EMNLP 2024
 ``lp_optimal``              any (small V)                  the OTM LP plan
+``optimal``                 ``iid``, any V                 Khisti et al. ICLR 2025 form; Fujishige's
+                                                           lexicographically optimal base (reports its gap)
 =========================== ============================== ===================================
 
 ``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.Bound`
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..schemes import Scheme
-from . import greedy, kseq, lp_optimal, rrs, rrs_without_replacement, spechub, speculative
+from . import greedy, kseq, lp_optimal, optimal, rrs, rrs_without_replacement, spechub, speculative
 from .base import NOT_ACCEPTED, Bound, Outcome
 
 
@@ -53,6 +55,7 @@ VERIFIERS: dict[str, Verifier] = {
         Verifier("greedy", greedy, ("greedy",)),
         Verifier("spechub", spechub, ("spechub",)),
         Verifier("lp_optimal", lp_optimal, ("*",)),
+        Verifier("optimal", optimal, ("iid",)),
     )
 }
 
