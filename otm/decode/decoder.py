@@ -162,6 +162,19 @@ def _vocab_size(model) -> int | None:
     return int(v) if v is not None else None
 
 
+def cache_keyword(forward) -> str:
+    """The keyword a model's ``forward`` takes its KV cache by: ``cache`` (transformers >= 5.24, which
+    deprecates ``past_key_values`` with a warning on every call) or ``past_key_values`` (earlier)."""
+    params = inspect.signature(forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def returned_cache(out):
+    """The cache a forward returned, under either name (``cache`` or ``past_key_values``)."""
+    cache = out.get("cache") if hasattr(out, "get") else getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 class _Runner:
     """A causal LM with its KV cache (a transformers ``Cache``; batch 1, or k rows while drafting)."""
 
@@ -172,6 +185,7 @@ class _Runner:
         self.calls = 0
         # transformers' causal LMs can skip the vocabulary projection of positions whose logits are not needed
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.cache_kw = cache_keyword(model.forward)
 
     def length(self) -> int:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
@@ -184,10 +198,10 @@ class _Runner:
         """
         extra = {"logits_to_keep": keep} if keep and self.keeps_logits else {}
         out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self.cache_kw: self.cache},
             **extra,
         )
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         self.calls += 1
         return out.logits
 
@@ -245,7 +259,7 @@ class _FeatureRunner(_Runner):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[b, q, H]`` of ``ids [b, q]`` with ``features [b, q, H]``; the cache grows by q."""
         out = self.model(ids, features, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = out.past_key_values  # FeatureDraft's own forward (otm.decode.feature_draft) names both ways
         self.calls += 1
         return out.hidden
 

@@ -83,9 +83,11 @@ class FeatureDraft(torch.nn.Module):
         """
         emb = torch.nn.functional.embedding(input_ids, self.embedding)
         z = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
-        out = self.model(inputs_embeds=z, position_ids=position_ids, past_key_values=past_key_values,
-                         use_cache=use_cache)
-        return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=out.past_key_values)
+        from .decoder import cache_keyword, returned_cache
+
+        out = self.model(inputs_embeds=z, position_ids=position_ids, use_cache=use_cache,
+                         **{cache_keyword(self.model.forward): past_key_values})
+        return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=returned_cache(out))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits from hidden states (the target's head)."""
