@@ -600,7 +600,7 @@ def solve_lp(
     target,
     *,
     fold: bool = True,
-    backend: str = "cvxpy",
+    backend: str = "highs",
     max_variables: int = MAX_VARIABLES,
 ) -> LPResult:
     r"""Solve the OTM linear program exactly: the optimal membership acceptance and plan.
@@ -627,10 +627,11 @@ def solve_lp(
         Target next-token law :math:`p`; checked by :func:`otm.schemes.check_target`.
     fold : bool, default True
         Rows on distinct-token sets (smaller, same optimum) or on ordered tuples.
-    backend : {"cvxpy", "highs", "pot"}, default "cvxpy"
-        ``"cvxpy"``: general formulation with cvxpy (sparse incidence matrices), solved by HiGHS.
-        ``"highs"``: the same LP passed to HiGHS directly as a CSC matrix (fast path, core
-        dependencies only). ``"pot"``: the same LP as a sparse min-cost flow for POT's network
+    backend : {"highs", "cvxpy", "pot"}, default "highs"
+        ``"highs"``: the LP passed to HiGHS directly as a CSC matrix (3-6x faster than through
+        cvxpy, docs/lp_benchmark.md). ``"cvxpy"``: the same LP in cvxpy's modelling language
+        (sparse incidence matrices), solved by HiGHS: the readable formulation, kept as the
+        cross-check. ``"pot"``: the same LP as a sparse min-cost flow for POT's network
         simplex (optional dependency ``pot >= 0.9.7``; 3-5x faster than ``"highs"`` here).
     max_variables : int, default 2,000,000
         Refuse (:class:`otm.laws.OtmError`, before building) an LP with more variables.
