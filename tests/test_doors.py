@@ -17,7 +17,7 @@ from otm.laws import OtmError, check_k, check_law
 from otm.lp import solve_lp
 from otm.optimum import optimal_acceptance, optimal_acceptance_of
 from otm.schemes import make_scheme
-from otm.verifiers import greedy, kseq, rrs, rrs_without_replacement, spechub, speculative
+from otm.verifiers import greedy, kseq, optimal, rrs, rrs_without_replacement, spechub, speculative
 
 GOOD = [0.5, 0.3, 0.2]
 
@@ -62,6 +62,8 @@ DOORS = {
     "rrs.law": lambda t, q, k, s: rrs.law(t, q, [0, 1]),
     "rrs_without_replacement.law": lambda t, q, k, s: rrs_without_replacement.law(t, q, [0, 1]),
     "kseq.rho_star": lambda t, q, k, s: kseq.rho_star(t, q, k),
+    "optimal.acceptance": lambda t, q, k, s: optimal.acceptance(t, q, k),
+    "optimal.bind": lambda t, q, k, s: optimal.bind(t, make_scheme(s, q, k)),
 }
 
 
@@ -72,7 +74,7 @@ def test_every_door_refuses_malformed_input_in_one_line(door, target, draft, k, 
     one_line_or_success(lambda: DOORS[door](target, draft, k, scheme))
 
 
-@pytest.mark.parametrize("module", [speculative, kseq, rrs, rrs_without_replacement, greedy, spechub],
+@pytest.mark.parametrize("module", [speculative, kseq, rrs, rrs_without_replacement, greedy, spechub, optimal],
                          ids=lambda m: m.__name__.split(".")[-1])
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(drafts=BAD_DRAFTS, target=BAD_LAWS, draft=BAD_LAWS)
