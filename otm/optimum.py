@@ -166,8 +166,13 @@ class Membership:
 def ratio_order(target, draft) -> np.ndarray:
     r"""Tokens sorted by :math:`\mathrm{target}(x) / \mathrm{draft}(x)` ascending.
 
-    ``draft = 0`` counts as ratio :math:`+\infty` (last), ``target = 0 < draft``
-    as 0; ties keep the lower index first (a stable sort).
+    ``draft = 0`` counts as ratio :math:`+\infty` and comes after every token of
+    positive draft mass, ``target = 0 < draft`` as 0; ties keep the lower index
+    first (a stable sort). A ratio that overflows (``draft`` subnormal, below
+    ``target / 1.8e308``) is compared as ``target / (draft * 2**600)`` (exact
+    scaling), after every finite ratio: it is never tied with ``draft = 0`` nor
+    with another overflowed ratio by accident (that tie put a zero-draft token
+    before a needed one and gave a wrong alpha*).
 
     Parameters
     ----------
@@ -185,9 +190,13 @@ def ratio_order(target, draft) -> np.ndarray:
     """
     target = np.asarray(target, dtype=np.float64)
     draft = np.asarray(draft, dtype=np.float64)
+    positive = draft > 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = np.where(draft > 0, target / np.where(draft > 0, draft, 1.0), np.inf)
-    return np.argsort(ratio, kind="stable").astype(np.int64)
+        ratio = np.where(positive, target / np.where(positive, draft, 1.0), np.inf)
+        overflow = positive & np.isinf(ratio)
+        ratio[overflow] = target[overflow] / (draft[overflow] * 2.0**600)
+    # keys, last one primary: draft = 0 last, then overflowed ratios, then the (scaled) ratio
+    return np.lexsort((ratio, overflow, ~positive)).astype(np.int64)
 
 
 # -----------------------------------------------------------------------------

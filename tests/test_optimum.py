@@ -353,3 +353,23 @@ def test_a_coarse_step_is_refined_or_warned():
     with pytest.warns(QuadratureWarning, match="error estimate"):
         coarse = optimal_acceptance_of(WithoutReplacement(draft, 4), target, step=2.0)
     assert coarse.error_estimate > QUADRATURE_TOLERANCE
+
+
+def test_ratio_overflow_is_not_tied_with_zero_draft_mass():
+    # target / draft overflows for a subnormal draft mass: it used to tie (as inf) with the
+    # zero-draft token 0, which the stable sort put first; k = 3 then gave 1.0 instead of 0.7
+    x = 1e-310
+    draft = np.array([0.0, 0.5, 0.5 - x, x])
+    target = np.array([0.3, 0.0, 0.0, 0.7])
+    assert ratio_order(target, draft).tolist() == [1, 2, 3, 0]
+    scheme = WithoutReplacement(draft, 3)
+    assert abs(optimal_acceptance_of(scheme, target).value - 0.7) <= 1e-15
+    assert abs(brute_force_optimum(scheme, target) - 0.7) <= 1e-15
+    # two overflowed ratios are ordered by their true ratio, not by index
+    draft = np.array([0.0, 0.5, 0.5 - 2 * x, x, x])
+    target = np.array([0.0, 0.0, 0.3, 0.6, 0.1])
+    assert ratio_order(target, draft).tolist() == [1, 2, 4, 3, 0]
+    scheme = WithoutReplacement(draft, 3)
+    ref = brute_force_optimum(scheme, target)
+    assert abs(ref - 0.9) <= 1e-12  # H = {1, 2, 4}: 0.4 + 1 - 1/2
+    assert abs(optimal_acceptance_of(scheme, target).value - ref) <= 1e-12
