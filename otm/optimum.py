@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
+from .race_window import MARGIN, window_inside
 from .schemes import Greedy, Scheme, SpecHub, Top, check_target, make_scheme
 
 QUADRATURE_STEP_SCALE = 0.19
@@ -119,15 +120,24 @@ class Optimum:
         A minimising set of the cut form (the dual variable ``v = 1_H``).
     method : str
         ``"prefix"`` (exact running sums), ``"prefix+race"`` (the k >= 3 race
-        quadrature), ``"closed_form"`` (greedy, spechub) or ``"brute_force"``.
+        quadrature at every prefix, the reference), ``"prefix+race-window"``
+        (the same quadrature at the prefixes that can hold the minimum, the others
+        excluded by certified bounds: :mod:`otm.race_window`), ``"closed_form"``
+        (greedy, spechub) or ``"brute_force"``.
     error_estimate : float
         0 for exact forms; for the race quadrature the largest
-        ``|T_h - T_2h|`` over the prefixes, an estimate of the error of the
+        ``|T_h - T_2h|`` over the prefixes computed, an estimate of the error of the
         coarser rule (the returned finer rule is more accurate still).
     order : ndarray, shape (V,), int64, or None
         The ratio order scanned (prefix methods only).
     prefix_values : ndarray, shape (V + 1,), or None
-        :math:`p(H_j) + 1 - Q(H_j)` for every prefix ``j`` (prefix methods only).
+        :math:`p(H_j) + 1 - Q(H_j)` for every prefix ``j`` (prefix methods only);
+        with ``"prefix+race-window"``, NaN at the prefixes proved not to hold the
+        minimum (their value was not computed).
+    note : str
+        How the value was found when that is not said by ``method``: for
+        ``"prefix+race-window"`` how many prefixes were computed, and why the fast
+        path was declined when the reference scan was used in its place.
     """
 
     value: float
@@ -138,6 +148,7 @@ class Optimum:
     error_estimate: float = 0.0
     order: np.ndarray | None = None
     prefix_values: np.ndarray | None = None
+    note: str = ""
 
     @property
     def prefix(self) -> int | None:
@@ -426,9 +437,72 @@ def prefix_membership(
 # -----------------------------------------------------------------------------
 # alpha*
 # -----------------------------------------------------------------------------
-def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None) -> Optimum:
+def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step: float | None):
+    """The fast path (:mod:`otm.race_window`); ``(Optimum, None)`` or ``(None, reason)`` when it declines."""
+    k = scheme.k
+    qs = scheme.draft[order]
+    n = int(np.count_nonzero(qs))  # ratio_order puts the zero-draft tokens last
+    if n < k:
+        raise OtmError(
+            f"without_replacement needs at least k={k} tokens with positive draft mass, "
+            f"the draft has {n}: lower k or use the iid scheme"
+        )
+    ts = target[order]
+    step_now = default_step(k) if step is None else float(step)
+    for attempt in range(3):
+        h = step_now
+        res = window_inside(qs[:n], ts[:n], k, None, h, lambda c_min: race_grid(k, c_min, h))
+        if res is None:
+            return None, "its race grid would need t above e^700 (a complement mass below ~1e-303)"
+        inside, error, info = res
+        err = float(error.max())
+        if err <= QUADRATURE_TOLERANCE:
+            break
+        step_now /= 2
+    else:
+        warnings.warn(
+            f"race quadrature error estimate {err:.2e} above {QUADRATURE_TOLERANCE:g} "
+            f"even with step {step_now * 2:g}: the value may be off by about that much",
+            QuadratureWarning,
+            stacklevel=4,
+        )
+    P = _prefix_sums(ts)
+    values = P.copy()  # beyond the positive tokens Q = 1
+    values[: n + 1] = P[: n + 1] + (1.0 - inside)
+    j = int(np.nanargmin(values))
+    H = np.zeros(scheme.V, dtype=bool)
+    H[order[:j]] = True
+    computed = int(np.count_nonzero(~np.isnan(inside)))
+    note = (
+        f"Q computed at {computed} of {n + 1} prefixes ({len(info.points)} evaluated directly, "
+        f"{len(info.windows)} windows scanned, {info.rounds} rounds); every other prefix has a lower "
+        f"bound above the minimum by more than {MARGIN:g}; scan vs direct at shared prefixes {info.check:.1e}"
+    )
+    opt = Optimum(
+        value=float(values[j]),
+        scheme=scheme.name,
+        k=k,
+        H=H,
+        method="prefix+race-window",
+        error_estimate=err,
+        order=order,
+        prefix_values=values,
+        note=note,
+    )
+    return opt, None
+
+
+def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None, method: str = "auto") -> Optimum:
     k = scheme.k
     order = ratio_order(target, scheme.draft)
+    note = ""
+    if scheme.name == "without_replacement" and k >= 3 and method in ("auto", "window"):
+        opt, reason = _window_optimum(scheme, target, order, step)
+        if opt is not None:
+            return opt
+        if method == "window":
+            raise OtmError(f"the window method declined this input: {reason}; use method='reference'")
+        note = f"the window method declined: {reason}; the reference scan was used"
     step_now = default_step(k) if step is None else float(step)
     for attempt in range(3):
         m = prefix_membership(scheme.draft, k, order, scheme.name, step=step_now)
@@ -456,6 +530,7 @@ def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None) -> O
         error_estimate=err,
         order=order,
         prefix_values=values,
+        note=note,
     )
 
 
@@ -469,7 +544,7 @@ def _fixed_plus_one(name: str, k: int, target: np.ndarray, fixed: np.ndarray, la
     return Optimum(value=value, scheme=name, k=k, H=H, method="closed_form")
 
 
-def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) -> Optimum:
+def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None, method: str = "auto") -> Optimum:
     r"""The optimum :math:`\alpha^*` of a draft scheme against ``target``, with a minimising set.
 
     .. math::
@@ -479,8 +554,10 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
     evaluated by scheme:
 
     * ``iid``, ``without_replacement``: prefix scan in the ratio order
-      (module docstring), :math:`O(V \log V + V k G)` with ``G`` race nodes
-      (k >= 3 without replacement only);
+      (module docstring); for k >= 3 without replacement the race quadrature,
+      by default only at the prefixes that certified bounds cannot exclude
+      (:mod:`otm.race_window`, ``method="window"``), else at all V + 1 prefixes
+      (``method="reference"``, :math:`O(V k G)` with ``G`` race nodes);
     * ``greedy``: :math:`p(D) + \sum_{x \notin D} \min(p(x), q(x)/(1 - q(D)))`,
       ``D`` the fixed top-(k-1) tokens of :class:`otm.schemes.Greedy`;
     * ``spechub``: :math:`p(a) + \sum_{i \ne a} \min(p(i), q(i)/(1 - q(a)))`,
@@ -498,6 +575,11 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
         Trapezoid step of the race quadrature (default :func:`default_step`); halved up to twice while the
         error estimate exceeds :data:`QUADRATURE_TOLERANCE` (then a
         :class:`QuadratureWarning`).
+    method : {"auto", "window", "reference"}
+        Without replacement, k >= 3 only (elsewhere ignored): ``"window"`` the fast path
+        (an :class:`OtmError` if it declines), ``"reference"`` the scan of every prefix,
+        ``"auto"`` (default) the fast path, or the reference with the reason in
+        ``Optimum.note`` when the fast path declines (a complement mass below ~1e-303).
 
     Returns
     -------
@@ -520,8 +602,10 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None) 
     1.0
     """
     target = check_target(scheme, target)
+    if method not in ("auto", "window", "reference"):
+        raise OtmError(f"unknown method {method!r}: choose auto, window or reference")
     if scheme.name in ("iid", "without_replacement"):
-        return _prefix_optimum(scheme, target, step)
+        return _prefix_optimum(scheme, target, step, method)
     if isinstance(scheme, Greedy):
         return _fixed_plus_one("greedy", scheme.k, target, scheme.fixed, scheme.last)
     if isinstance(scheme, SpecHub):

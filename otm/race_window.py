@@ -1,0 +1,347 @@
+r"""Fast :math:`\alpha^*` for drafts without replacement, k >= 3: certified pruning plus a race scan on a window.
+
+The reference (:func:`otm.optimum._race_inside`) computes :math:`Q(H_j)` for all
+:math:`V + 1` prefixes of the ratio order by a token-by-token scan of the exponential
+race (module :mod:`otm.optimum`), :math:`O(V k G)` work in :math:`V` Python steps.
+Only the prefixes near the minimiser matter. This module computes :math:`Q(H_j)`
+exactly (same quadrature, same grid) only where the minimum can be, and proves the
+other prefixes cannot hold it.
+
+**1. Bounds without quadrature.** With :math:`c_j = q(\Sigma \setminus H_j)` and
+:math:`S_i` the sum of the :math:`i` largest draft masses, successive sampling
+draws its (i+1)-th token inside :math:`H` with conditional probability
+:math:`(q(H) - q(D_i))/(1 - q(D_i))`, :math:`D_i` the first i drafts; this lies in
+:math:`[1 - c/(1 - S_i),\; 1 - c]`, so
+
+.. math::
+
+    \prod_{i<k} \big(1 - c_j/(1 - S_i)\big)_+ \;\le\; Q(H_j) \;\le\; (1 - c_j)^k ,
+
+giving :math:`L_j \le \alpha^*(j) = P_j + 1 - Q(H_j) \le U_j`. A prefix with
+:math:`L_j > \min_i U_i` cannot be the minimiser.
+
+**2. Monotone brackets.** :math:`Q(H_j)` is non-decreasing in j (the sets are nested).
+Once :math:`Q` is known at prefixes :math:`j_1 < j_2`, every :math:`j_1 \le j \le j_2`
+has :math:`\alpha^*(j) \ge P_j + 1 - Q(H_{j_2})`. Exact values at a few prefixes
+(step 3) tighten both the best value and these brackets; survivors are refined.
+
+**3. Q at a few prefixes at once** (:func:`states_at`). For a prefix H and a race node
+t, the law of the number :math:`N_H(t)` of rung clocks (truncated at k) splits by the
+size of :math:`x = q_x t`:
+
+* tokens with :math:`x \le \tau` (``TAU`` = 1/2): their generating function is
+  :math:`\prod (e^{-x} + (1 - e^{-x}) z) = e^{-\sum x} \exp\big(\sum_{r \ge 1}
+  (-1)^{r+1} p_r z^r / r\big)` with :math:`p_r = \sum (e^x - 1)^r`, and
+  :math:`(e^x - 1)^r = r! \sum_{n \ge r} S(n, r)\, x^n / n!` (Stirling numbers of the
+  second kind), so :math:`p_r` is a fixed combination of the power sums
+  :math:`\sum x^n = t^n \sum q_x^n`: one pass over the tokens serves every node.
+  The series is cut at :math:`n = N` with relative tail at most ``SERIES_TAIL``
+  (the tail/sum ratio of a series with non-negative coefficients grows with x, so
+  it is bounded at :math:`x = \tau`); :math:`e^x - 1 \le 0.65` keeps the
+  coefficient recursion well conditioned;
+* tokens with :math:`x > \tau`, in decreasing mass: the exact product, the same
+  update as the reference scan. When more than ``R`` of them exist at a node,
+  the product over the ``R`` largest already gives :math:`P(N < k) \le`
+  ``RUNG_TOLERANCE`` there (checked at every such node; else R doubles), so
+  :math:`F_H(t) = 1` within that bound.
+
+**4. Scan of the survivors.** From an exactly known state the reference update
+(:math:`F \leftarrow F + b\,\mathrm{pmf}_{k-1}`,
+:math:`\mathrm{pmf}_m \leftarrow e\,\mathrm{pmf}_m + b\,\mathrm{pmf}_{m-1}`) runs
+token by token over each surviving window; where a window ends at an evaluated
+prefix the two computations are compared (reported in ``Window.check``).
+
+Every number of :math:`\alpha^*` is then a trapezoid sum on the reference's grid
+(:func:`otm.optimum.race_grid`), with the same error estimate :math:`|T_h - T_{2h}|`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+TAU = 0.5
+"""Largest ``q_x t`` handled by the moment series (``e^x - 1 <= 0.65``)."""
+
+SERIES_TAIL = 1e-18
+"""Relative truncation of the Stirling series of ``(e^x - 1)^r`` at ``x = TAU``."""
+
+RUNG_TOLERANCE = 1e-17
+"""Largest ``P(N < k)`` set to 0 at a node where the largest tokens have surely rung."""
+
+WINDOW = 192
+"""Largest run of prefixes scanned token by token; longer runs are split by more evaluated prefixes."""
+
+MARGIN = 1e-11
+"""A prefix is pruned only when its lower bound exceeds the best value by this much (quadrature errors are ~1e-13)."""
+
+
+@lru_cache(maxsize=None)
+def series_table(k: int) -> np.ndarray:
+    r"""``C[r - 1, n] = r! S(n, r) / n!`` for ``r = 1..k-1``, ``n = 0..N-1``: :math:`(e^x-1)^r = \sum_n C_{r,n} x^n`.
+
+    ``N`` is the smallest length whose tail at ``x = TAU`` is below
+    :data:`SERIES_TAIL` relative to :math:`(e^{\tau}-1)^r` for every r (computed in
+    exact rational arithmetic up to the float conversion).
+    """
+    rmax = max(k - 1, 1)
+    nmax = 120
+    S = [[0] * (rmax + 1) for _ in range(nmax + 1)]  # Stirling numbers of the second kind
+    S[0][0] = 1
+    for n in range(1, nmax + 1):
+        for r in range(1, rmax + 1):
+            S[n][r] = r * S[n - 1][r] + S[n - 1][r - 1]
+    C = [[Fraction(math.factorial(r) * S[n][r], math.factorial(n)) for n in range(nmax + 1)] for r in range(1, rmax + 1)]
+    tau = Fraction(TAU)
+    N = 1
+    for r in range(1, rmax + 1):
+        total = (math.e**TAU - 1) ** r
+        tail = 0.0
+        for n in range(nmax, 0, -1):  # smallest N with sum_{n >= N} C tau^n <= SERIES_TAIL * total
+            tail += float(C[r - 1][n] * tau**n)
+            if tail > SERIES_TAIL * total:
+                N = max(N, n + 1)
+                break
+    return np.array([[float(c) for c in row[:N]] for row in C])
+
+
+@dataclass
+class Window:
+    """What the fast path did: evaluated prefixes, scanned windows, and the checks."""
+
+    points: list = field(default_factory=list)  # prefixes evaluated by states_at
+    windows: list = field(default_factory=list)  # (start, stop) scanned token by token
+    check: float = 0.0  # largest |scan - states_at| where a window ends on an evaluated prefix
+    rounds: int = 0
+    explicit: int = 0  # largest number of explicit tokens per node used
+
+
+def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window) -> tuple[np.ndarray, np.ndarray]:
+    """Truncated count law of the race at every node for the prefixes ``qp[:j]``, ``j`` in ``J``.
+
+    Returns ``pmf`` of shape (M, k, G), ``pmf[i, m, g] = P(N(t_g) = m)`` for ``m < k``, and
+    ``tail`` of shape (M, G), ``P(N(t_g) >= k)``. Method: module docstring, step 3.
+    """
+    J = np.asarray(J, dtype=np.int64)
+    M, G = J.size, y.size
+    h = float(y[1] - y[0])
+    t = np.exp(y)
+    last = int(J.max())
+    q = qp[:last]
+    logq = np.log(q)
+    # token x is small (q_x t <= TAU) at nodes g <= gx
+    gx = np.floor((math.log(TAU) - logq - y[0]) / h).astype(np.int64)
+    gx = np.minimum(gx, G - 1)
+    pos = np.arange(last)
+    seg = np.searchsorted(J, pos, side="right")  # token in H_j for the points j = J[seg:]
+    # ---- small tokens: power sums by (point, bucket), scaled per bucket: v = q t_gx <= TAU
+    C = series_table(k)
+    N = C.shape[1]
+    small = gx >= 0
+    gs = gx[small]
+    v = np.exp(logq[small] + y[gs])  # q t at the token's last small node
+    key = seg[small] * G + gs
+    B = np.empty((N, M * G))
+    pw = np.ones_like(v)
+    for n in range(N):
+        B[n] = np.bincount(key, weights=pw, minlength=M * G)
+        pw = pw * v
+    B = B.reshape(N, M, G).cumsum(axis=1)  # over points: H_j grows
+    # s_n(i, g) = sum over buckets gb >= g of B_n[i, gb] e^{-n h (gb - g)}
+    decay = np.exp(-h * np.arange(N))[:, None]
+    s = np.empty((N, M, G))
+    acc = np.zeros((N, M))
+    for g in range(G - 1, -1, -1):
+        acc = acc * decay + B[:, :, g]
+        s[:, :, g] = acc
+    # p_r = sum_n C[r, n] s_n ; log GF = -s_1 + sum_r (-1)^{r+1} p_r z^r / r
+    p = np.einsum("rn,nmg->rmg", C[:, :N], s) if k > 1 else np.zeros((0, M, G))
+    a = np.zeros((k, M, G))
+    a[0] = 1.0
+    for m in range(1, k):  # e_m of the odds, by Newton's identities with the signs folded in
+        acc2 = np.zeros((M, G))
+        for r in range(1, m + 1):
+            acc2 += (p[r - 1] if r % 2 else -p[r - 1]) * a[m - r]
+        a[m] = acc2 / m
+    with np.errstate(under="ignore"):
+        a *= np.exp(-s[1])[None] if N > 1 else 1.0  # e^{-sum x}: sum x = s_1
+    # ---- large tokens (q t > TAU at some node), by decreasing mass, exact product
+    big = np.flatnonzero(gx < G - 1)
+    big = big[np.argsort(-q[big], kind="stable")]
+    gb = gx[big]
+    pos_b = big
+    nb = np.array([np.count_nonzero(pos_b < j) for j in J])
+    members = [big[pos_b < j] for j in J]  # per point, by decreasing mass
+    nbig = np.zeros((M, G), dtype=np.int64)  # tokens with q t > TAU at node g (gx < g)
+    for i in range(M):
+        nbig[i] = np.searchsorted(np.sort(gb[pos_b < J[i]]), np.arange(G), side="left")
+    R = min(64, int(nb.max()) if M else 0)
+    while True:
+        pm = np.zeros((k, M, G))
+        pm[0] = 1.0
+        tl = np.zeros((M, G))
+        for r in range(R):
+            qv = np.array([mem[r] if r < mem.size else -1 for mem in members])
+            qv = np.where(qv >= 0, q[np.maximum(qv, 0)], 0.0)
+            act = nbig > r  # token of rank r is large at node g
+            x = qv[:, None] * t[None, :]
+            b = np.where(act, -np.expm1(-x), 0.0)
+            e = np.where(act, np.exp(-x), 1.0)
+            tl += pm[k - 1] * b
+            pm[1:] = pm[1:] * e + pm[:-1] * b
+            pm[0] *= e
+        over = nbig > R  # nodes with more large tokens than processed
+        if not over.any():
+            break
+        below = pm.sum(axis=0)  # P(fewer than k of the R largest rung)
+        if np.all(below[over] <= RUNG_TOLERANCE):
+            break
+        if R >= int(nb.max()):  # pragma: no cover - R covers every large token then
+            break
+        R = min(2 * R, int(nb.max()))
+    info.explicit = max(info.explicit, R)
+    # ---- combine: N = N_large + N_small
+    pmf = np.zeros((k, M, G))
+    for m in range(k):
+        for i in range(m + 1):
+            pmf[m] += pm[i] * a[m - i]
+    small_below = np.cumsum(a, axis=0)  # P(N_small <= m)
+    tail = tl.copy()
+    for i in range(k):
+        tail += pm[i] * (1.0 - small_below[k - 1 - i])  # N_small >= k - i
+    if np.any(over):
+        pmf[:, over] = 0.0
+        tail[over] = 1.0
+    return np.moveaxis(pmf, 0, 1), tail
+
+
+def scan(pmf0: np.ndarray, tail0: np.ndarray, qs: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The reference token-by-token update from a known state; returns ``F`` rows after each token, shape (len(qs), G)."""
+    k = pmf0.shape[0]
+    pmf = pmf0.copy()
+    tail = tail0.copy()
+    F = np.empty((qs.size, t.size))
+    tmp = np.empty((k - 1, t.size))
+    x = np.multiply.outer(qs, t)
+    stay = np.exp(-x)
+    rung = -np.expm1(-x)
+    for i in range(qs.size):
+        b = rung[i]
+        np.multiply(pmf[k - 1], b, out=F[i])
+        F[i] += tail
+        tail = F[i]
+        np.multiply(pmf[:-1], b, out=tmp)
+        pmf *= stay[i]
+        pmf[1:] += tmp
+    return F
+
+
+def _quadrature(F: np.ndarray, c: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trapezoid sums of ``c t e^{-ct} F`` in ``y = log t`` (step h) and their check rule (step 2h)."""
+    h = float(y[1] - y[0])
+    log_ct = np.log(c)[:, None] + y[None, :]
+    w = np.exp(log_ct - np.exp(log_ct))
+    fine = h * np.einsum("bg,bg->b", w, F)
+    coarse = 2 * h * np.einsum("bg,bg->b", w[:, ::2], F[:, ::2])
+    return fine, np.abs(fine - coarse)
+
+
+def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, step: float, grid):
+    r"""Certified minimum of ``P_j + 1 - Q(H_j)`` over the prefixes of the positive draft masses ``qp``.
+
+    ``qp`` are the positive draft masses in ratio order, ``pt`` the target masses at the same
+    positions, ``grid(c_min)`` returns the reference's race grid. Returns ``(inside, error, info)``:
+    ``inside[j]`` is :math:`Q(H_j)` where it was computed (NaN elsewhere), ``error`` the per-prefix
+    quadrature estimate, or ``None`` when the grid would need ``t > e^700`` (then the caller uses the
+    reference scan). Every prefix left at NaN has a lower bound above the returned minimum
+    (module docstring, steps 1-2).
+    """
+    n = qp.size
+    info = Window()
+    c = np.zeros(n + 1)
+    c[:n] = np.cumsum(qp[::-1])[::-1]
+    P = np.zeros(n + 1)
+    np.cumsum(pt, out=P[1:])
+    inside = np.full(n + 1, np.nan)
+    error = np.zeros(n + 1)
+    inside[:k] = 0.0  # fewer than k tokens
+    inside[n] = 1.0  # the whole support
+    with np.errstate(divide="ignore", over="ignore"):  # c / rest may overflow: the factor is then 0
+        L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
+        top = np.sort(np.partition(qp, n - (k - 1))[n - (k - 1) :])[::-1] if k > 1 else np.zeros(0)
+        cut = np.partition(qp, n - (k - 1))[: n - (k - 1)].sum()  # mass outside the k-1 largest
+        rest = np.array([cut + top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
+        logQ = np.log1p(-np.minimum(1.0, c[:, None] / rest[None, :])).sum(axis=1)
+        U = P - np.expm1(logQ)  # Q >= prod (1 - c / (1 - S_i))
+    known = ~np.isnan(inside)
+    best = min(float(U.min()), float(np.min(P[known] + 1 - inside[known])))
+    cand = np.flatnonzero((L <= best + MARGIN) & ~known)
+    if cand.size == 0:
+        return inside, error, info
+    y = grid(float(c[cand.max()]))
+    if y[-1] > 700.0:
+        return None
+    t = np.exp(y)
+    states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def evaluate(J):
+        J = np.array(sorted(set(J)), dtype=np.int64)
+        pmf, tail = states_at(qp, np.maximum(J, 1), y, k, info) if J.size else (None, None)
+        live = c[J] > 0
+        fine, err = _quadrature(tail[live], c[J][live], y)
+        for i, j in enumerate(J):
+            states[int(j)] = (pmf[i], tail[i])
+        Jl = J[live]
+        newv = np.where(np.isnan(inside[Jl]), fine, inside[Jl])
+        inside[Jl] = np.where(Jl < k, 0.0, newv)
+        error[Jl] = np.where(Jl < k, 0.0, err)
+        info.points.extend(int(j) for j in J)
+
+    scans = []
+    lo, hi = int(cand.min()), int(cand.max())
+    first = [lo - 1] if hi - lo < WINDOW else list(np.linspace(lo - 1, hi, int(np.ceil((hi - lo + 1) / WINDOW)) + 1).astype(int))
+    evaluate([max(j, 0) for j in first])
+    while True:
+        info.rounds += 1
+        done = ~np.isnan(inside)
+        best = min(best, float(np.min(P[done] + 1 - inside[done])))
+        ev = np.flatnonzero(done)
+        nxt = ev[np.searchsorted(ev, cand, side="left").clip(max=ev.size - 1)]  # evaluated prefix >= j
+        Qr = np.where(nxt >= cand, inside[nxt], 1.0)
+        LB = np.maximum(L[cand], P[cand] + 1 - Qr)
+        surv = cand[(LB <= best + MARGIN) & np.isnan(inside[cand])]
+        if surv.size == 0:
+            break
+        # group survivors by the evaluated prefix before them
+        left = ev[np.searchsorted(ev, surv, side="left") - 1]
+        new = []
+        scans = []
+        for a in np.unique(left):
+            group = surv[left == a]
+            s_lo, s_hi = int(group.min()), int(group.max())
+            if s_hi - a <= WINDOW and a in states:
+                scans.append((int(a), s_hi))
+            else:
+                new.extend(np.linspace(s_lo - 1, s_hi, int(np.ceil((s_hi - s_lo + 1) / WINDOW)) + 1).astype(int).tolist())
+        if not new:
+            break
+        evaluate(new)
+    for a, b in scans:
+        pmf0, tail0 = states[a]
+        F = scan(pmf0, tail0, qp[a:b], t)
+        js = np.arange(a + 1, b + 1)
+        live = c[js] > 0
+        fine, err = _quadrature(F[live], c[js][live], y)
+        jl = js[live]
+        was = inside[jl]
+        hit = ~np.isnan(was)
+        if hit.any():
+            info.check = max(info.check, float(np.abs(was[hit] - fine[hit]).max()))
+        inside[jl] = np.where(jl < k, 0.0, fine)
+        error[jl] = np.where(jl < k, 0.0, err)
+        info.windows.append((a, b))
+    return inside, error, info
