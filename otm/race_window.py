@@ -73,8 +73,14 @@ SERIES_TAIL = 1e-18
 RUNG_TOLERANCE = 1e-17
 """Largest ``P(N < k)`` set to 0 at a node where the largest tokens have surely rung."""
 
+FLUSH = 1e-280
+"""Probabilities and power-sum terms below this are set to 0 (they would turn subnormal, whose arithmetic is ~100x slower); the change is below 1e-275 in any Q."""
+
 WINDOW = 192
 """Largest run of prefixes scanned token by token; longer runs are split by more evaluated prefixes."""
+
+SPLIT = 8
+"""Most prefixes evaluated at once in one run of survivors (coarse to fine)."""
 
 MARGIN = 1e-11
 """A prefix is pruned only when its lower bound exceeds the best value by this much (quadrature errors are ~1e-13)."""
@@ -150,6 +156,7 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
     for n in range(N):
         B[n] = np.bincount(key, weights=pw, minlength=M * G)
         pw = pw * v
+        pw[pw < FLUSH] = 0.0  # subnormal arithmetic is ~100x slower; a term below 1e-280 is dropped
     B = B.reshape(N, M, G).cumsum(axis=1)  # over points: H_j grows
     # s_n(i, g) = sum over buckets gb >= g of B_n[i, gb] e^{-n h (gb - g)}
     decay = np.exp(-h * np.arange(N))[:, None]
@@ -169,41 +176,45 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
         a[m] = acc2 / m
     with np.errstate(under="ignore"):
         a *= np.exp(-s[1])[None] if N > 1 else 1.0  # e^{-sum x}: sum x = s_1
-    # ---- large tokens (q t > TAU at some node), by decreasing mass, exact product
+    # ---- large tokens (q t > TAU at some node): exact product, by decreasing mass over all points
     big = np.flatnonzero(gx < G - 1)
-    big = big[np.argsort(-q[big], kind="stable")]
+    big = big[np.argsort(-q[big], kind="stable")]  # gx is non-decreasing along this order
     gb = gx[big]
-    pos_b = big
-    nb = np.array([np.count_nonzero(pos_b < j) for j in J])
-    members = [big[pos_b < j] for j in J]  # per point, by decreasing mass
-    nbig = np.zeros((M, G), dtype=np.int64)  # tokens with q t > TAU at node g (gx < g)
+    first_point = np.searchsorted(J, big, side="right")  # the token is in H_j for the points J[i0:]
+    nbig = np.zeros((M, G), dtype=np.int64)  # large tokens of H_j at node g (those with gx < g)
     for i in range(M):
-        nbig[i] = np.searchsorted(np.sort(gb[pos_b < J[i]]), np.arange(G), side="left")
-    R = min(64, int(nb.max()) if M else 0)
-    while True:
-        pm = np.zeros((k, M, G))
-        pm[0] = 1.0
-        tl = np.zeros((M, G))
-        for r in range(R):
-            qv = np.array([mem[r] if r < mem.size else -1 for mem in members])
-            qv = np.where(qv >= 0, q[np.maximum(qv, 0)], 0.0)
-            act = nbig > r  # token of rank r is large at node g
-            x = qv[:, None] * t[None, :]
-            b = np.where(act, -np.expm1(-x), 0.0)
-            e = np.where(act, np.exp(-x), 1.0)
-            tl += pm[k - 1] * b
-            pm[1:] = pm[1:] * e + pm[:-1] * b
-            pm[0] *= e
-        over = nbig > R  # nodes with more large tokens than processed
-        if not over.any():
-            break
-        below = pm.sum(axis=0)  # P(fewer than k of the R largest rung)
-        if np.all(below[over] <= RUNG_TOLERANCE):
-            break
-        if R >= int(nb.max()):  # pragma: no cover - R covers every large token then
-            break
-        R = min(2 * R, int(nb.max()))
-    info.explicit = max(info.explicit, R)
+        nbig[i] = np.searchsorted(np.sort(gb[big < J[i]]), np.arange(G), side="left")
+    pm = np.zeros((k, M, G))
+    pm[0] = 1.0
+    tl = np.zeros((M, G))
+    done = np.zeros((M, G), dtype=np.int64)  # large tokens processed at (point, node)
+    g_hi = G  # nodes >= g_hi: P(N < k) <= RUNG_TOLERANCE for every point already
+    for r in range(big.size):
+        g0, i0 = int(gb[r]) + 1, int(first_point[r])
+        if g0 >= g_hi:
+            break  # this and every later token is large only at settled nodes
+        if i0 < M:
+            x = q[big[r]] * t[g0:g_hi]
+            b = -np.expm1(-x)
+            e = np.exp(-x)
+            sl = (slice(i0, M), slice(g0, g_hi))
+            tl[sl] += pm[k - 1][sl] * b
+            low = pm[:, i0:, g0:g_hi]
+            low[1:] = low[1:] * e + low[:-1] * b
+            low[0] *= e
+            low[low < FLUSH] = 0.0
+            done[sl] += 1
+        if r % 8 == 7 or r == big.size - 1:  # checkpoint: which nodes are settled for every point
+            settled = np.all((pm.sum(axis=0) <= RUNG_TOLERANCE) | (np.arange(G) >= g_hi), axis=0)
+            unsettled = np.flatnonzero(~settled)
+            g_hi = int(unsettled[-1]) + 1 if unsettled.size else 0
+            if np.all(done[:, :g_hi] == nbig[:, :g_hi]):
+                break
+    if np.any(done[:, :g_hi] != nbig[:, :g_hi]):  # pragma: no cover - every large token below g_hi is processed
+        raise AssertionError("race_window: a large token was left out below the settled nodes")
+    over = np.zeros((M, G), dtype=bool)
+    over[:, g_hi:] = True  # F = 1 within RUNG_TOLERANCE
+    info.explicit = max(info.explicit, int(done.max()))
     # ---- combine: N = N_large + N_small
     pmf = np.zeros((k, M, G))
     for m in range(k):
@@ -277,9 +288,23 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         rest = np.array([cut + top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
         logQ = np.log1p(-np.minimum(1.0, c[:, None] / rest[None, :])).sum(axis=1)
         U = P - np.expm1(logQ)  # Q >= prod (1 - c / (1 - S_i))
+    m = np.zeros(n + 1)
+    np.cumsum(qp, out=m[1:])  # draft mass of H_j: Q is convex in it (module docstring, step 2)
+
+    def lower_bounds(js: np.ndarray) -> np.ndarray:
+        """max(L_j, P_j + 1 - chord_j): the chord of Q between the computed prefixes around j."""
+        ev = np.flatnonzero(~np.isnan(inside))
+        i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
+        a, b = ev[i - 1], ev[i]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(m[b] > m[a], (m[js] - m[a]) / (m[b] - m[a]), 1.0)
+        chord = inside[a] + np.clip(frac, 0.0, 1.0) * (inside[b] - inside[a])
+        return np.maximum(L[js], P[js] + 1 - chord)
+
     known = ~np.isnan(inside)
     best = min(float(U.min()), float(np.min(P[known] + 1 - inside[known])))
-    cand = np.flatnonzero((L <= best + MARGIN) & ~known)
+    cand = np.flatnonzero(~known)
+    cand = cand[lower_bounds(cand) <= best + MARGIN]
     if cand.size == 0:
         return inside, error, info
     y = grid(float(c[cand.max()]))
@@ -290,7 +315,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
 
     def evaluate(J):
         J = np.array(sorted(set(J)), dtype=np.int64)
-        pmf, tail = states_at(qp, np.maximum(J, 1), y, k, info) if J.size else (None, None)
+        pmf, tail = states_at(qp, J, y, k, info)
         live = c[J] > 0
         fine, err = _quadrature(tail[live], c[J][live], y)
         for i, j in enumerate(J):
@@ -301,32 +326,32 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         error[Jl] = np.where(Jl < k, 0.0, err)
         info.points.extend(int(j) for j in J)
 
-    scans = []
-    lo, hi = int(cand.min()), int(cand.max())
-    first = [lo - 1] if hi - lo < WINDOW else list(np.linspace(lo - 1, hi, int(np.ceil((hi - lo + 1) / WINDOW)) + 1).astype(int))
-    evaluate([max(j, 0) for j in first])
+    def split(s_lo: int, s_hi: int) -> list[int]:
+        """Prefixes to evaluate so that the run s_lo..s_hi falls into gaps of about WINDOW (at most SPLIT at once)."""
+        m = min(SPLIT, int(np.ceil((s_hi - s_lo + 1) / WINDOW)))
+        return np.unique(np.linspace(s_lo - 1, s_hi, m + 1).round().astype(np.int64)).tolist()
+
+    scans: list[tuple[int, int]] = []
+    evaluate([max(j, 0) for j in split(int(cand.min()), int(cand.max()))])
     while True:
         info.rounds += 1
         done = ~np.isnan(inside)
         best = min(best, float(np.min(P[done] + 1 - inside[done])))
         ev = np.flatnonzero(done)
-        nxt = ev[np.searchsorted(ev, cand, side="left").clip(max=ev.size - 1)]  # evaluated prefix >= j
-        Qr = np.where(nxt >= cand, inside[nxt], 1.0)
-        LB = np.maximum(L[cand], P[cand] + 1 - Qr)
-        surv = cand[(LB <= best + MARGIN) & np.isnan(inside[cand])]
+        cand = cand[np.isnan(inside[cand])]
+        surv = cand[lower_bounds(cand) <= best + MARGIN]
         if surv.size == 0:
             break
-        # group survivors by the evaluated prefix before them
-        left = ev[np.searchsorted(ev, surv, side="left") - 1]
-        new = []
+        left = ev[np.searchsorted(ev, surv, side="left") - 1]  # evaluated prefix before each survivor
+        new: list[int] = []
         scans = []
         for a in np.unique(left):
             group = surv[left == a]
             s_lo, s_hi = int(group.min()), int(group.max())
-            if s_hi - a <= WINDOW and a in states:
+            if s_hi - a <= WINDOW and int(a) in states:
                 scans.append((int(a), s_hi))
             else:
-                new.extend(np.linspace(s_lo - 1, s_hi, int(np.ceil((s_hi - s_lo + 1) / WINDOW)) + 1).astype(int).tolist())
+                new.extend(split(s_lo, s_hi))
         if not new:
             break
         evaluate(new)
