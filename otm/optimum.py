@@ -90,6 +90,9 @@ def default_step(k: int) -> float:
 QUADRATURE_TOLERANCE = 1e-10
 """Largest accepted quadrature error estimate; above it the step is halved (twice at most), then a warning."""
 
+CHECK_TOLERANCE = 1e-10
+"""Largest accepted difference between the two fast computations of Q at the minimiser (otherwise the reference scan runs)."""
+
 TRUNCATION = 1e-17
 """Bound on the part of the race integral cut off at each end of the ``y`` grid."""
 
@@ -204,10 +207,15 @@ def ratio_order(target, draft) -> np.ndarray:
     positive = draft > 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(positive, target / np.where(positive, draft, 1.0), np.inf)
-        overflow = positive & np.isinf(ratio)
-        ratio[overflow] = target[overflow] / (draft[overflow] * 2.0**600)
-    # keys, last one primary: draft = 0 last, then overflowed ratios, then the (scaled) ratio
-    return np.lexsort((ratio, overflow, ~positive)).astype(np.int64)
+    order = np.argsort(ratio, kind="stable").astype(np.int64)
+    n_inf = int(np.count_nonzero(np.isinf(ratio)))  # draft = 0 or an overflowed ratio, at the end
+    if n_inf:
+        tail = order[order.size - n_inf :]  # in index order (stable sort)
+        pos = positive[tail]
+        scaled = np.zeros(n_inf)
+        scaled[pos] = target[tail[pos]] / (draft[tail[pos]] * 2.0**600)  # exact scaling, finite
+        order[order.size - n_inf :] = tail[np.lexsort((scaled, ~pos))]  # positive draft first, by ratio
+    return order
 
 
 # -----------------------------------------------------------------------------
@@ -455,6 +463,11 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
         if res is None:
             return None, "its race grid would need t above e^700 (a complement mass below ~1e-303)"
         inside, error, info = res
+        if info.check > CHECK_TOLERANCE:
+            return None, (
+                f"at the minimiser the window scan and the direct evaluation differ by {info.check:.1e} "
+                f"(above {CHECK_TOLERANCE:g})"
+            )
         err = float(error.max())
         if err <= QUADRATURE_TOLERANCE:
             break
@@ -476,7 +489,7 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
     note = (
         f"Q computed at {computed} of {n + 1} prefixes ({len(info.points)} evaluated directly, "
         f"{len(info.windows)} windows scanned, {info.rounds} rounds); every other prefix has a lower "
-        f"bound above the minimum by more than {MARGIN:g}; scan vs direct at shared prefixes {info.check:.1e}"
+        f"bound above the minimum by more than {MARGIN:g}; scan vs direct evaluation at the minimiser {info.check:.1e}"
     )
     opt = Optimum(
         value=float(values[j]),

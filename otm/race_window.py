@@ -79,6 +79,8 @@ FLUSH = 1e-280
 WINDOW = 192
 """Largest run of prefixes scanned token by token; longer runs are split by more evaluated prefixes."""
 
+EPS = float(np.finfo(np.float64).eps)
+
 SPLIT = 8
 """Most prefixes evaluated at once in one run of survivors (coarse to fine)."""
 
@@ -121,7 +123,7 @@ class Window:
 
     points: list = field(default_factory=list)  # prefixes evaluated by states_at
     windows: list = field(default_factory=list)  # (start, stop) scanned token by token
-    check: float = 0.0  # largest |scan - states_at| where a window ends on an evaluated prefix
+    check: float = 0.0  # |scan - states_at| at the minimiser (and wherever both computed a prefix)
     rounds: int = 0
     explicit: int = 0  # largest number of explicit tokens per node used
 
@@ -181,9 +183,9 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
     big = big[np.argsort(-q[big], kind="stable")]  # gx is non-decreasing along this order
     gb = gx[big]
     first_point = np.searchsorted(J, big, side="right")  # the token is in H_j for the points J[i0:]
-    nbig = np.zeros((M, G), dtype=np.int64)  # large tokens of H_j at node g (those with gx < g)
-    for i in range(M):
-        nbig[i] = np.searchsorted(np.sort(gb[big < J[i]]), np.arange(G), side="left")
+    # large tokens of H_j at node g (those with gx < g), a 2-D cumulative count
+    nbig = np.bincount(first_point * (G + 1) + (gb + 1), minlength=(M + 1) * (G + 1)).reshape(M + 1, G + 1)
+    nbig = nbig.cumsum(axis=0).cumsum(axis=1)[:M, :G]
     pm = np.zeros((k, M, G))
     pm[0] = 1.0
     tl = np.zeros((M, G))
@@ -288,22 +290,29 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         rest = np.array([cut + top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
         logQ = np.log1p(-np.minimum(1.0, c[:, None] / rest[None, :])).sum(axis=1)
         U = P - np.expm1(logQ)  # Q >= prod (1 - c / (1 - S_i))
-    m = np.zeros(n + 1)
-    np.cumsum(qp, out=m[1:])  # draft mass of H_j: Q is convex in it (module docstring, step 2)
-
     def lower_bounds(js: np.ndarray) -> np.ndarray:
-        """max(L_j, P_j + 1 - chord_j): the chord of Q between the computed prefixes around j."""
+        """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
+        computed prefixes a < j < b around j (Q is convex in it: module docstring, step 2).
+
+        The masses q(H_j minus H_a) are summed from a within each gap, so their relative rounding is
+        at most (b - a) eps however small they are next to q(H_a); that bound is taken off the chord.
+        """
         ev = np.flatnonzero(~np.isnan(inside))
         i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
         a, b = ev[i - 1], ev[i]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frac = np.where(m[b] > m[a], (m[js] - m[a]) / (m[b] - m[a]), 1.0)
-        chord = inside[a] + np.clip(frac, 0.0, 1.0) * (inside[b] - inside[a])
+        chord = np.empty(js.size)
+        for ga in np.unique(a):
+            sel = a == ga
+            gb = int(b[sel][0])
+            local = np.cumsum(qp[ga:gb])  # local[j - a - 1] = q(H_j) - q(H_a)
+            frac = local[js[sel] - ga - 1] / local[-1]
+            rise = inside[gb] - inside[ga]
+            chord[sel] = inside[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
         return np.maximum(L[js], P[js] + 1 - chord)
 
     known = ~np.isnan(inside)
     best = min(float(U.min()), float(np.min(P[known] + 1 - inside[known])))
-    cand = np.flatnonzero(~known)
+    cand = np.flatnonzero(~known & (L <= best + MARGIN))
     cand = cand[lower_bounds(cand) <= best + MARGIN]
     if cand.size == 0:
         return inside, error, info
@@ -369,4 +378,11 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         inside[jl] = np.where(jl < k, 0.0, fine)
         error[jl] = np.where(jl < k, 0.0, err)
         info.windows.append((a, b))
+    # the minimiser, when the scan found it, is recomputed by the direct method (independent check)
+    done = ~np.isnan(inside)
+    j_best = int(np.flatnonzero(done)[np.argmin(P[done] + 1 - inside[done])])
+    if j_best not in states and k <= j_best < n:
+        _, tail = states_at(qp, np.array([j_best]), y, k, info)
+        direct, _ = _quadrature(tail, c[[j_best]], y)
+        info.check = max(info.check, abs(float(direct[0]) - float(inside[j_best])))
     return inside, error, info
