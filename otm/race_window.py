@@ -123,9 +123,11 @@ class Window:
 
     points: list = field(default_factory=list)  # prefixes evaluated by states_at
     windows: list = field(default_factory=list)  # (start, stop) scanned token by token
-    check: float = 0.0  # |scan - states_at| at the minimiser (and wherever both computed a prefix)
+    check: float = 0.0  # largest |scan - states_at| where both computed a prefix (window ends, or the minimiser)
+    checked: int = 0  # windows that ended on a directly evaluated prefix
     rounds: int = 0
     explicit: int = 0  # largest number of explicit tokens per node used
+    nodes: int = 0  # race grid size G
 
 
 def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -283,13 +285,20 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
     error = np.zeros(n + 1)
     inside[:k] = 0.0  # fewer than k tokens
     inside[n] = 1.0  # the whole support
-    with np.errstate(divide="ignore", over="ignore"):  # c / rest may overflow: the factor is then 0
+    with np.errstate(divide="ignore"):
         L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
-        top = np.sort(np.partition(qp, n - (k - 1))[n - (k - 1) :])[::-1] if k > 1 else np.zeros(0)
-        cut = np.partition(qp, n - (k - 1))[: n - (k - 1)].sum()  # mass outside the k-1 largest
-        rest = np.array([cut + top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
-        logQ = np.log1p(-np.minimum(1.0, c[:, None] / rest[None, :])).sum(axis=1)
-        U = P - np.expm1(logQ)  # Q >= prod (1 - c / (1 - S_i))
+    part = np.partition(qp, n - (k - 1))
+    top = np.sort(part[n - (k - 1) :])[::-1]  # the k - 1 largest masses
+    rest = part[: n - (k - 1)].sum() + np.array([top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
+
+    def upper_bounds(js: np.ndarray) -> np.ndarray:
+        """U_j = P_j + 1 - prod_i (1 - c_j / (1 - S_i))_+ >= alpha*(j)."""
+        with np.errstate(divide="ignore", over="ignore"):  # c / rest may overflow: the factor is then 0
+            log_low = np.log1p(-np.minimum(1.0, c[js, None] / rest[None, :])).sum(axis=1)
+        return P[js] - np.expm1(log_low)
+
+    u0 = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* ...
+    U_min = min(u0, float(upper_bounds(np.flatnonzero(L <= u0)).min()))  # ... then the least U_j (U_j >= L_j)
     def lower_bounds(js: np.ndarray) -> np.ndarray:
         """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
         computed prefixes a < j < b around j (Q is convex in it: module docstring, step 2).
@@ -311,7 +320,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         return np.maximum(L[js], P[js] + 1 - chord)
 
     known = ~np.isnan(inside)
-    best = min(float(U.min()), float(np.min(P[known] + 1 - inside[known])))
+    best = min(U_min, float(np.min(P[known] + 1 - inside[known])))
     cand = np.flatnonzero(~known & (L <= best + MARGIN))
     cand = cand[lower_bounds(cand) <= best + MARGIN]
     if cand.size == 0:
@@ -320,6 +329,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
     if y[-1] > 700.0:
         return None
     t = np.exp(y)
+    info.nodes = y.size
     states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def evaluate(J):
@@ -358,7 +368,9 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
             group = surv[left == a]
             s_lo, s_hi = int(group.min()), int(group.max())
             if s_hi - a <= WINDOW and int(a) in states:
-                scans.append((int(a), s_hi))
+                b = int(ev[np.searchsorted(ev, s_hi)])  # the computed prefix after the run
+                # run on to b when cheap: the scan then meets a direct evaluation there (a check)
+                scans.append((int(a), b if (b in states and b - a <= 2 * WINDOW) else s_hi))
             else:
                 new.extend(split(s_lo, s_hi))
         if not new:
@@ -375,13 +387,14 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         hit = ~np.isnan(was)
         if hit.any():
             info.check = max(info.check, float(np.abs(was[hit] - fine[hit]).max()))
+            info.checked += 1
         inside[jl] = np.where(jl < k, 0.0, fine)
         error[jl] = np.where(jl < k, 0.0, err)
         info.windows.append((a, b))
-    # the minimiser, when the scan found it, is recomputed by the direct method (independent check)
+    # without a window that ended on a direct evaluation, the minimiser is recomputed directly
     done = ~np.isnan(inside)
     j_best = int(np.flatnonzero(done)[np.argmin(P[done] + 1 - inside[done])])
-    if j_best not in states and k <= j_best < n:
+    if not info.checked and j_best not in states and k <= j_best < n:
         _, tail = states_at(qp, np.array([j_best]), y, k, info)
         direct, _ = _quadrature(tail, c[[j_best]], y)
         info.check = max(info.check, abs(float(direct[0]) - float(inside[j_best])))
