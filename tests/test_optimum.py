@@ -528,3 +528,35 @@ def test_method_is_checked():
     with pytest.raises(OtmError, match="unknown method 'fast'") as err:
         optimal_acceptance_of(WithoutReplacement([0.5, 0.3, 0.2], 2), [0.2, 0.3, 0.5], method="fast")
     assert "\n" not in str(err.value)
+
+
+@st.composite
+def medium_pair(draw):
+    """V = 20..400 from a seed: sparse, flat, peaked, a dominant draft token, ties, zeros and 1e-12."""
+    V = draw(st.integers(20, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["peaked", "dirichlet0.05", "dirichlet1", "sparse", "dominant", "ties"]))
+    if kind == "dominant":  # one draft token near 1, the rest down to 1e-15
+        draft = rng.dirichlet(np.ones(V)) * 10 ** rng.uniform(-14, -1)
+        draft[rng.integers(V)] += 1.0
+        return rng.dirichlet(np.full(V, 0.3)), draft / draft.sum()
+    if kind == "ties":  # target proportional to the draft on groups
+        draft = rng.dirichlet(np.full(V, 0.5))
+        target = draft * np.array([0.0, 0.5, 1.0, 3.0])[rng.integers(4, size=V)]
+        assume(target.sum() > 0)
+        return target / target.sum(), draft
+    return law_family(kind, rng, V)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(medium_pair(), st.integers(3, 8))
+def test_window_matches_reference_on_hypothesis_laws(laws, k):
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    fast = optimal_acceptance_of(scheme, target)
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert fast.method == "prefix+race-window", fast.note
+    assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
+    skipped = np.isnan(fast.prefix_values)
+    assert np.all(ref.prefix_values[skipped] > ref.value)
