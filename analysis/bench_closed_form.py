@@ -20,8 +20,8 @@ peaked
 dirichlet
     ``target``, ``draft`` independent Dirichlet(1) draws (flat; draft masses from 1.7e-10 to 2.1e-4).
 dirichlet0.05
-    ``target``, ``draft`` independent Dirichlet(0.05) draws (sparse: masses spread over hundreds
-    of decades, largest draft mass 2e-3, about 12000 draft masses above 1e-6).
+    ``target``, ``draft`` independent Dirichlet(0.05) draws (sparse: draft masses from 1.2e-98
+    to 3.2e-3 at seed 0, 11666 of them above 1e-6).
 
 Accuracy (``--accuracy``), on the same laws, without_replacement:
 
