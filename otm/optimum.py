@@ -515,7 +515,7 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
     step_now = default_step(k) if step is None else float(step)
     for attempt in range(3):
         h = step_now
-        res = window_inside(qs[:n], ts[:n], k, None, h, lambda c_min: race_grid(k, c_min, h))
+        res = window_inside(qs[:n], ts[:n], k, lambda c_min: race_grid(k, c_min, h))
         if res is None:
             return None, "its race grid would need t above e^700 (a complement mass below ~1e-303)"
         inside, error, info = res

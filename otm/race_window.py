@@ -247,7 +247,7 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
             if np.all(done[:, :g_hi] == nbig[:, :g_hi]):
                 break
     if np.any(done[:, :g_hi] != nbig[:, :g_hi]):  # pragma: no cover - every large token below g_hi is processed
-        raise AssertionError("race_window: a large token was left out below the settled nodes")
+        raise RuntimeError("race_window.states_at: a large token was left out below the settled nodes (a bug)")
     over = np.zeros((M, G), dtype=bool)
     over[:, g_hi:] = True  # F = 1 within RUNG_TOLERANCE
     info.explicit = max(info.explicit, int(done.max()))
@@ -297,7 +297,7 @@ def _quadrature(F: np.ndarray, c: np.ndarray, y: np.ndarray) -> tuple[np.ndarray
     return fine, np.abs(fine - coarse)
 
 
-def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, step: float, grid):
+def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
     r"""Certified minimum of ``P_j + 1 - Q(H_j)`` over the prefixes of the positive draft masses ``qp``.
 
     ``qp`` are the positive draft masses in ratio order, ``pt`` the target masses at the same
@@ -330,7 +330,8 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, y: np.ndarray | None, 
         return P[js] - np.expm1(log_low)
 
     u0 = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* ...
-    U_min = min(u0, float(upper_bounds(np.flatnonzero(L <= u0)).min()))  # ... then the least U_j (U_j >= L_j)
+    U_min = min(u0, float(upper_bounds(np.flatnonzero(L <= u0 + MARGIN)).min(initial=np.inf)))  # ... the least U_j
+
     def lower_bounds(js: np.ndarray) -> np.ndarray:
         """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
         computed prefixes a < j < b around j (Q is convex in it: module docstring, step 2).
