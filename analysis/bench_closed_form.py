@@ -249,10 +249,10 @@ def accuracy(laws, seed: int) -> None:
             fast = optimal_acceptance_of(scheme, target)
             ref = optimal_acceptance_of(scheme, target, method="reference")
             done = ~np.isnan(fast.prefix_values)
-            sound = bool(np.all(ref.prefix_values[~done] > ref.value))
+            sound = bool(np.all(ref.prefix_values[~done] >= fast.value - 2e-13))
             print(
                 f"| {law} | {k} | window vs reference: alpha* / every prefix both computed ({done.sum()}) "
-                f"/ skipped prefixes above alpha* in the reference: {sound} "
+                f"/ skipped prefixes >= window alpha* - 2e-13 in the reference: {sound} "
                 f"| {abs(fast.value - ref.value):.1e} / {np.abs(fast.prefix_values[done] - ref.prefix_values[done]).max():.1e} "
                 f"| {fast.error_estimate:.1e} |"
             )

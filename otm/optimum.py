@@ -127,7 +127,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
-from .race_window import MARGIN, window_inside
+from .race_window import MARGIN, TIE, window_inside
 from .schemes import Greedy, Scheme, SpecHub, Top, check_target, make_scheme
 
 QUADRATURE_STEP_SCALE = 0.19
@@ -191,8 +191,8 @@ class Optimum:
         The ratio order scanned (prefix methods only).
     prefix_values : ndarray, shape (V + 1,), or None
         :math:`p(H_j) + 1 - Q(H_j)` for every prefix ``j`` (prefix methods only);
-        with ``"prefix+race-window"``, NaN at the prefixes proved not to hold the
-        minimum (their value was not computed).
+        with ``"prefix+race-window"``, NaN at the prefixes proved not to beat the
+        returned value by more than 1e-13 (their value was not computed).
     note : str
         How the value was found when that is not said by ``method``: for
         ``"prefix+race-window"`` how many prefixes were computed, and why the fast
@@ -545,7 +545,8 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
     note = (
         f"Q computed at {computed} of {n + 1} prefixes ({len(info.points)} evaluated directly, G = {info.nodes} nodes, "
         f"{len(info.windows)} windows scanned, {info.rounds} rounds); every other prefix has a lower "
-        f"bound above the minimum by more than {MARGIN:g}; window scans vs direct evaluation "
+        f"bound above an upper bound on alpha* by more than {MARGIN:g} or at least the minimum found "
+        f"minus {TIE:g}; window scans vs direct evaluation "
         f"({max(info.checked, 1)} prefixes) {info.check:.1e}"
     )
     opt = Optimum(

@@ -29,8 +29,11 @@ along the order. So between two prefixes :math:`a < j < b` where Q is known,
 :math:`Q = 1` on the whole support as the first end points). The masses
 :math:`m_j - m_a` are summed within the gap (never as a difference of two prefix sums,
 which loses a mass of 1e-12 next to 1), and their rounding bound is taken off.
-A prefix is dropped when its bound exceeds the best value found by more than
-:data:`MARGIN` (the quadrature errors are ~1e-13). Exact values at a few prefixes
+A prefix is dropped when its bound exceeds the least upper bound on :math:`\alpha^*` by
+more than :data:`MARGIN` (the quadrature errors are ~1e-13), or when it is at least the least
+*computed* value minus :data:`TIE` = 1e-13 (such a prefix cannot improve the minimum by more
+than TIE: without this, a run of thousands of prefixes tied with the minimum -- p and Q both
+~0 on tiny tokens -- would all be computed). Exact values at a few prefixes
 (step 3) tighten both; runs of survivors are split (at most :data:`SPLIT` new
 prefixes per run and round) until each run fits a :data:`WINDOW`.
 
@@ -109,7 +112,12 @@ SPLIT = 32
 """Most prefixes evaluated at once in one run of survivors (coarse to fine)."""
 
 MARGIN = 1e-11
-"""A prefix is pruned only when its lower bound exceeds the best value by this much (quadrature errors are ~1e-13)."""
+"""A prefix is pruned by the bound-only best value (least U_j) only when its lower bound exceeds it by this much (quadrature errors are ~1e-13)."""
+
+TIE = 1e-13
+"""A prefix whose lower bound is within this of the least computed value is not computed: the
+returned minimum is then within TIE of the exact prefix minimum (needed where thousands of prefixes
+tie with the minimum, e.g. Q and p both ~0 on a long run of tiny tokens)."""
 
 
 @lru_cache(maxsize=None)
@@ -353,9 +361,17 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         return np.maximum(L[js], P[js] + 1 - chord)
 
     known = ~np.isnan(inside)
-    best = min(U_min, float(np.min(P[known] + 1 - inside[known])))
-    cand = np.flatnonzero(~known & (L <= best + MARGIN))
-    cand = cand[lower_bounds(cand) <= best + MARGIN]
+    attained = float(np.min(P[known] + 1 - inside[known]))  # the least value of a computed prefix
+    best = min(U_min, attained)
+
+    def open_(lb: np.ndarray) -> np.ndarray:
+        """Prefixes still in the running: their bound may beat the best value (with MARGIN against
+        rounding), and may beat the least computed value by more than TIE (else the returned minimum
+        is within TIE of theirs)."""
+        return (lb <= best + MARGIN) & (lb < attained - TIE)
+
+    cand = np.flatnonzero(~known & open_(L))
+    cand = cand[open_(lower_bounds(cand))]
     if cand.size == 0:
         return inside, error, info
     y = grid(float(c[cand.max()]))
@@ -388,10 +404,11 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
     while True:
         info.rounds += 1
         done = ~np.isnan(inside)
-        best = min(best, float(np.min(P[done] + 1 - inside[done])))
+        attained = float(np.min(P[done] + 1 - inside[done]))
+        best = min(best, attained)
         ev = np.flatnonzero(done)
         cand = cand[np.isnan(inside[cand])]
-        surv = cand[lower_bounds(cand) <= best + MARGIN]
+        surv = cand[open_(lower_bounds(cand))]
         if surv.size == 0:
             break
         left = ev[np.searchsorted(ev, surv, side="left") - 1]  # evaluated prefix before each survivor

@@ -505,8 +505,9 @@ def test_window_matches_reference_at_V3000(kind, k):
     assert abs(fast.value - ref.value) <= 1e-12
     computed = ~np.isnan(fast.prefix_values)
     assert np.abs(fast.prefix_values[computed] - ref.prefix_values[computed]).max() <= 1e-12
-    # every prefix the window method skipped is above the minimum in the reference: the pruning is sound
-    assert np.all(ref.prefix_values[~computed] > ref.value)
+    # every prefix the window method skipped cannot beat its value by more than TIE = 1e-13 in the
+    # reference (3e-13 allows for the two quadratures' rounding): the pruning is sound
+    assert np.all(ref.prefix_values[~computed] >= fast.value - 3e-13)
     assert computed.sum() < 3001 // 4  # and it skipped most of them
     assert abs(target[fast.H].sum() + 1 - prefix_membership(draft, k, fast.order).inside[fast.prefix] - fast.value) <= 1e-12
 
@@ -559,4 +560,4 @@ def test_window_matches_reference_on_hypothesis_laws(laws, k):
     assert fast.method == "prefix+race-window", fast.note
     assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
     skipped = np.isnan(fast.prefix_values)
-    assert np.all(ref.prefix_values[skipped] > ref.value)
+    assert np.all(ref.prefix_values[skipped] >= fast.value - 3e-13)
