@@ -521,8 +521,8 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
         inside, error, info = res
         if info.check > CHECK_TOLERANCE:
             return None, (
-                f"at the minimiser the window scan and the direct evaluation differ by {info.check:.1e} "
-                f"(above {CHECK_TOLERANCE:g})"
+                f"its window scan and its direct evaluation of Q differ by {info.check:.1e} at a shared "
+                f"prefix (above {CHECK_TOLERANCE:g})"
             )
         err = float(error.max())
         if err <= QUADRATURE_TOLERANCE:
