@@ -1,11 +1,15 @@
 """Benchmark and accuracy check of the closed-form optimum (otm.optimum) at V = 49152.
 
 Timing. For each law and k in (2, 4, 8), ``optimal_acceptance_of(make_scheme(...), target)``
-is called once to warm up, then ``--repeats`` rounds call every (law, scheme, k)
+is called once to warm up, then ``--repeats`` rounds call every (law, scheme, k, method)
 case once each (interleaved, so a slow spell of the shared machine hits all
 cases alike); the table gives the median and range of the wall times, the value
-alpha*, the size of the minimising prefix, the method, the race grid size G and
-the quadrature error estimate ``|T_h - T_2h|`` (the error of the *coarser* rule).
+alpha*, the size of the minimising prefix, the method, how many of the V + 1 prefixes
+had Q computed, the race grid size G and the quadrature error estimate
+``|T_h - T_2h|`` (the error of the *coarser* rule). Without replacement with k >= 3 is
+timed twice: ``method="reference"`` (the scan of every prefix, the method before
+otm.race_window) and the default ``method="auto"`` (the window method). The load average
+of the machine (other jobs) is printed before and after.
 
 Laws (seeded numpy Generator, ``--seed``):
 
@@ -15,6 +19,9 @@ peaked
     draft model's logits are (draft masses from 3e-13 to 0.10 at seed 0).
 dirichlet
     ``target``, ``draft`` independent Dirichlet(1) draws (flat; draft masses from 1.7e-10 to 2.1e-4).
+dirichlet0.05
+    ``target``, ``draft`` independent Dirichlet(0.05) draws (sparse: draft masses from 1.2e-98
+    to 3.2e-3 at seed 0, 11666 of them above 1e-6).
 
 Accuracy (``--accuracy``), on the same laws, without_replacement:
 
@@ -27,9 +34,13 @@ Accuracy (``--accuracy``), on the same laws, without_replacement:
   is itself limited to about 1e-13 by quad's roundoff);
 * k = 3, 4, 8 on a law of five mass classes over 49152 tokens, where Q(H) is an
   exact finite recursion over the number of tokens drawn from each class
-  (200 prefixes).
+  (200 prefixes);
+* k = 3, 4, 8, every law: the window method (default) against the reference scan:
+  alpha*, every prefix both computed, and whether every prefix the window method
+  skipped lies above alpha* in the reference.
 
 Usage: ``.venv/bin/python analysis/bench_closed_form.py [--repeats 5] [--seed 0] [--accuracy]``
+(``--laws peaked,dirichlet`` to pick laws).
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ import argparse
 import math
 import os
 import platform
-import statistics
+import re
+import sys
 import time
 import warnings
 from functools import lru_cache
@@ -72,7 +84,8 @@ def make_laws(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     e = rng.standard_normal(V)
     peaked = (softmax(3 * z), softmax(3 * (0.9 * z + math.sqrt(0.19) * e)))
     dirichlet = (rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V)))
-    return {"peaked": peaked, "dirichlet": dirichlet}
+    sparse = (rng.dirichlet(np.full(V, 0.05)), rng.dirichlet(np.full(V, 0.05)))
+    return {"peaked": peaked, "dirichlet": dirichlet, "dirichlet0.05": sparse}
 
 
 def machine() -> str:
@@ -92,33 +105,50 @@ def machine() -> str:
 # -----------------------------------------------------------------------------
 # timing
 # -----------------------------------------------------------------------------
+def load() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return "load average unknown"
+
+
 def timing(laws, repeats: int) -> None:
-    cases = [(law, name, k) for law in laws for name in SCHEMES for k in KS]
+    cases = []
+    for law in laws:
+        for name in SCHEMES:
+            for k in KS:
+                methods = ("reference", "auto") if name == "without_replacement" and k >= 3 else ("auto",)
+                cases += [(law, name, k, m) for m in methods]
     times: dict = {c: [] for c in cases}
     results: dict = {}
+    print(f"- before: {load()}")
     for c in cases:  # warm-up
         target, draft = laws[c[0]]
-        results[c] = optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target)
+        results[c] = optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target, method=c[3])
     for _ in range(repeats):
         for c in cases:
             target, draft = laws[c[0]]
             t0 = time.perf_counter()
-            optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target)
+            optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target, method=c[3])
             times[c].append(time.perf_counter() - t0)
-    print("| law | scheme | k | median s | min-max s | alpha* | prefix | method | G | error estimate |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"- after: {load()}\n")
+    print("| law | scheme | k | method | median ms | min-max ms | alpha* | prefix | prefixes computed | G | error estimate |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in cases:
-        law, name, k = c
+        law, name, k, _ = c
         r = results[c]
         target, draft = laws[law]
         G = "-"
-        if r.method == "prefix+race":
-            qs = draft[r.order]
+        qs = draft[r.order]
+        if r.method == "prefix+race":  # the grid reaches 45 / (mass of the last positive draft token)
             G = race_grid(k, float(qs[qs > 0][-1]), default_step(k)).size
-        ts = times[c]
+        elif r.method == "prefix+race-window":  # ... 45 / (complement mass of the last candidate prefix)
+            G = re.search(r"G = (\d+) nodes", r.note).group(1)
+        computed = int(np.count_nonzero(~np.isnan(r.prefix_values)))
+        ts = np.array(times[c]) * 1e3
         print(
-            f"| {law} | {name} | {k} | {statistics.median(ts):.3f} | {min(ts):.3f}-{max(ts):.3f} "
-            f"| {r.value:.12f} | {r.prefix} | {r.method} | {G} | {r.error_estimate:.1e} |"
+            f"| {law} | {name} | {k} | {r.method} | {np.median(ts):.1f} | {ts.min():.1f}-{ts.max():.1f} "
+            f"| {r.value:.12f} | {r.prefix} | {computed} | {G} | {r.error_estimate:.1e} |"
         )
 
 
@@ -212,6 +242,20 @@ def accuracy(laws, seed: int) -> None:
             for j in sorted(rng.choice(np.arange(k + 1, V - 1), size=3, replace=False).tolist()) + [V - 1]:
                 worst = max(worst, abs(a[j] - quad_reference(qs[:j], float(c_suffix[j]), k)))
             print(f"| {law} | {k} | vs adaptive quad + tree product (4 prefixes) | {worst:.1e} | {ea.max():.1e} |")
+    # the window method against the reference scan, every law
+    for law, (target, draft) in laws.items():
+        for k in (3, 4, 8):
+            scheme = make_scheme("without_replacement", draft, k)
+            fast = optimal_acceptance_of(scheme, target)
+            ref = optimal_acceptance_of(scheme, target, method="reference")
+            done = ~np.isnan(fast.prefix_values)
+            sound = bool(np.all(ref.prefix_values[~done] >= fast.value - 2e-13))
+            print(
+                f"| {law} | {k} | window vs reference: alpha* / every prefix both computed ({done.sum()}) "
+                f"/ skipped prefixes >= window alpha* - 2e-13 in the reference: {sound} "
+                f"| {abs(fast.value - ref.value):.1e} / {np.abs(fast.prefix_values[done] - ref.prefix_values[done]).max():.1e} "
+                f"| {fast.error_estimate:.1e} |"
+            )
     # five mass classes over V tokens: exact finite recursion
     counts = np.array([3, 29, 420, 8700, V - 3 - 29 - 420 - 8700])
     weights = np.array([0.5, 0.25, 0.15, 0.1 - 1e-6, 1e-6])
@@ -231,15 +275,32 @@ def accuracy(laws, seed: int) -> None:
             ref = 1.0 if c_out == 0 else class_inside(tuple(u), tuple(map(int, n_in[j])), c_out, k)
             worst = max(worst, abs(m.inside[j] - ref))
         print(f"| 5 mass classes | {k} | vs exact class recursion ({js.size} prefixes) | {worst:.1e} | {m.error.max():.1e} |")
+        # the window method on the same law: every prefix it computed, against the exact recursion
+        fast = optimal_acceptance_of(make_scheme("without_replacement", draft, k), target)
+        done = np.flatnonzero(~np.isnan(fast.prefix_values))
+        P = np.concatenate([[0.0], np.cumsum(target[order])])
+        worst = 0.0
+        exact_best = np.inf
+        for j in done:
+            c_out = math.fsum((counts - n_in[j]) * np.array(u))
+            ref = 1.0 if c_out == 0 else class_inside(tuple(u), tuple(map(int, n_in[j])), c_out, k)
+            worst = max(worst, abs(1.0 - (fast.prefix_values[j] - P[j]) - ref))
+            exact_best = min(exact_best, P[j] + 1 - ref)
+        print(
+            f"| 5 mass classes | {k} | window method vs exact class recursion ({done.size} prefixes it computed; "
+            f"alpha* {abs(fast.value - exact_best):.1e} from the exact minimum over them) | {worst:.1e} | {fast.error_estimate:.1e} |"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--accuracy", action="store_true", help="also run the accuracy checks (about two minutes)")
+    ap.add_argument("--accuracy", action="store_true", help="also run the accuracy checks (about three minutes)")
+    ap.add_argument("--laws", default="peaked,dirichlet,dirichlet0.05", help="comma-separated subset of the laws")
     args = ap.parse_args()
-    laws = make_laws(args.seed)
+    laws = {name: law for name, law in make_laws(args.seed).items() if name in args.laws.split(",")}
+    print(f"- command: {' '.join(['python'] + sys.argv)}")
     print(f"- machine: {machine()}")
     print(f"- python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}")
     print(

@@ -353,3 +353,211 @@ def test_a_coarse_step_is_refined_or_warned():
     with pytest.warns(QuadratureWarning, match="error estimate"):
         coarse = optimal_acceptance_of(WithoutReplacement(draft, 4), target, step=2.0)
     assert coarse.error_estimate > QUADRATURE_TOLERANCE
+
+
+def test_ratio_overflow_is_not_tied_with_zero_draft_mass():
+    # target / draft overflows for a subnormal draft mass: it used to tie (as inf) with the
+    # zero-draft token 0, which the stable sort put first; k = 3 then gave 1.0 instead of 0.7
+    x = 1e-310
+    draft = np.array([0.0, 0.5, 0.5 - x, x])
+    target = np.array([0.3, 0.0, 0.0, 0.7])
+    assert ratio_order(target, draft).tolist() == [1, 2, 3, 0]
+    scheme = WithoutReplacement(draft, 3)
+    assert abs(optimal_acceptance_of(scheme, target).value - 0.7) <= 1e-15
+    assert abs(brute_force_optimum(scheme, target) - 0.7) <= 1e-15
+    # two overflowed ratios are ordered by their true ratio, not by index
+    draft = np.array([0.0, 0.5, 0.5 - 2 * x, x, x])
+    target = np.array([0.0, 0.0, 0.3, 0.6, 0.1])
+    assert ratio_order(target, draft).tolist() == [1, 2, 4, 3, 0]
+    scheme = WithoutReplacement(draft, 3)
+    ref = brute_force_optimum(scheme, target)
+    assert abs(ref - 0.9) <= 1e-12  # H = {1, 2, 4}: 0.4 + 1 - 1/2
+    assert abs(optimal_acceptance_of(scheme, target).value - ref) <= 1e-12
+
+
+# -----------------------------------------------------------------------------
+# the prefix property, without replacement: proved by the exchange inequality (E)
+# -----------------------------------------------------------------------------
+def marginal_gains(scheme) -> list[np.ndarray]:
+    """gain[x][H] = P(every draft in H and x drafted), every bitmask H, from the enumerated set law.
+
+    Summed from positive terms (a zeta transform of the set law restricted to sets holding x), so
+    Q(S + x) - Q(S) = gain[x][S + x] keeps its relative precision for tiny masses.
+    """
+    tuples, probs = scheme.enumerate()
+    V = scheme.V
+    masks = np.bitwise_or.reduce(np.left_shift(np.int64(1), tuples), axis=1)
+    f = np.bincount(masks, weights=probs, minlength=1 << V)
+    bits = (np.arange(1 << V)[:, None] >> np.arange(V)) & 1
+    gains = []
+    for x in range(V):
+        g = f * bits[:, x]
+        for bit in range(V):
+            view = g.reshape(-1, 2, 1 << bit)
+            view[:, 1, :] += view[:, 0, :]
+        gains.append(g)
+    return gains
+
+
+def exchange_slack(scheme, draft) -> float:
+    """min over S, a, b (a, b outside S, positive masses) of the relative slack of
+    (E): gain_a(S + a + b) / q_a >= gain_b(S + b) / q_b."""
+    V = scheme.V
+    gains = marginal_gains(scheme)
+    every = np.arange(1 << V)
+    worst = np.inf
+    for a in range(V):
+        for b in range(V):
+            if a == b or draft[a] <= 0 or draft[b] <= 0:
+                continue
+            S = every[(((every >> a) & 1) == 0) & (((every >> b) & 1) == 0)]
+            lhs = gains[a][S | (1 << a) | (1 << b)] / draft[a]
+            rhs = gains[b][S | (1 << b)] / draft[b]
+            scale = np.maximum(lhs, rhs)
+            ok = scale > 0
+            if ok.any():
+                worst = min(worst, float(((lhs - rhs)[ok] / scale[ok]).min()))
+    return worst
+
+
+@SETTINGS
+@given(pair(3, 7), st.integers(2, 5))
+def test_exchange_inequality_and_prefix_property(laws, k):
+    # (E) is the lemma the prefix property rests on (otm.optimum, docs/closed_form.md): checked on
+    # every (S, a, b); then the prefix minimum of the reference scan equals the minimum over all 2^V sets
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    assert exchange_slack(scheme, draft) >= -1e-12
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert abs(ref.value - brute_force_optimum(scheme, target)) <= 1e-12
+
+
+def test_exchange_inequality_fails_for_greedy_drafts_negative_control():
+    # the check above can fail: greedy drafts (top-(k-1) fixed + one draw) break (E), as their prefix
+    # property breaks (theory 3.3)
+    draft = np.array([0.39034466808734636, 0.09292507872991655, 0.10068414878895443, 0.4160461043937826])
+    assert exchange_slack(Greedy(draft, 2), draft) < -0.1
+    assert exchange_slack(WithoutReplacement(draft, 2), draft) > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(3, 9).flatmap(law), st.integers(2, 4), st.randoms(use_true_random=False))
+def test_q_is_convex_in_the_draft_mass_along_any_order(draft, k, rnd):
+    # a consequence of (E) used by the window method's chords: along any order, the slope
+    # (Q(H_j) - Q(H_{j-1})) / q_{x_j} never decreases
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    gains = marginal_gains(scheme)
+    positive = [x for x in range(draft.size) if draft[x] > 0]
+    order = rnd.sample(positive, len(positive))
+    mask, slopes = 0, []
+    for x in order:
+        mask |= 1 << x
+        slopes.append(gains[x][mask] / draft[x])
+    assert all(b >= a * (1 - 1e-12) - 1e-300 for a, b in zip(slopes, slopes[1:])), slopes
+
+
+# -----------------------------------------------------------------------------
+# the window method (otm.race_window) against brute force and the reference scan
+# -----------------------------------------------------------------------------
+@SETTINGS
+@given(pair(3, 8), st.integers(3, 5))
+def test_window_matches_brute_force(laws, k):
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    opt = optimal_acceptance_of(scheme, target, method="window")
+    assert opt.method == "prefix+race-window"
+    check_against_brute_force(scheme, target)  # the default path (auto) is the window method too
+    assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
+
+
+def law_family(kind: str, rng, V: int) -> tuple[np.ndarray, np.ndarray]:
+    if kind == "peaked":
+        z = rng.standard_normal(V)
+        e = rng.standard_normal(V)
+        w = np.exp(3 * z - 3 * z.max())
+        d = np.exp(3 * (0.9 * z + 0.436 * e))
+        return w / w.sum(), d / d.sum()
+    if kind == "dirichlet0.05":
+        return rng.dirichlet(np.full(V, 0.05)), rng.dirichlet(np.full(V, 0.05))
+    if kind == "dirichlet1":
+        return rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    # a target correlated with a sparse draft, 1e-12 masses and exact zeros
+    d = rng.dirichlet(np.full(V, 0.05))
+    d[rng.random(V) < 0.2] = 0.0
+    d[rng.random(V) < 0.2] = 1e-12
+    d /= d.sum()
+    t = 0.7 * d + 0.3 * rng.dirichlet(np.ones(V))
+    return t / t.sum(), d
+
+
+@pytest.mark.parametrize("kind", ["peaked", "dirichlet0.05", "dirichlet1", "sparse"])
+@pytest.mark.parametrize("k", [3, 4, 8])
+def test_window_matches_reference_at_V3000(kind, k):
+    rng = np.random.default_rng(100 + k)
+    target, draft = law_family(kind, rng, 3000)
+    scheme = WithoutReplacement(draft, k)
+    fast = optimal_acceptance_of(scheme, target)
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert fast.method == "prefix+race-window" and ref.method == "prefix+race"
+    assert abs(fast.value - ref.value) <= 1e-12
+    computed = ~np.isnan(fast.prefix_values)
+    assert np.abs(fast.prefix_values[computed] - ref.prefix_values[computed]).max() <= 1e-12
+    # every prefix the window method skipped cannot beat its value by more than TIE = 1e-13 in the
+    # reference (3e-13 allows for the two quadratures' rounding): the pruning is sound
+    assert np.all(ref.prefix_values[~computed] >= fast.value - 3e-13)
+    assert computed.sum() < 3001 // 4  # and it skipped most of them
+    assert abs(target[fast.H].sum() + 1 - prefix_membership(draft, k, fast.order).inside[fast.prefix] - fast.value) <= 1e-12
+
+
+def test_window_method_declines_in_words_and_auto_falls_back():
+    # a complement mass of 5e-324 needs t ~ 1e325 on the race grid: the window method declines
+    draft = np.array([0.5, 0.3, 0.2, 5e-324, 5e-324])
+    target = np.array([0.1, 0.1, 0.1, 0.35, 0.35])
+    scheme = WithoutReplacement(draft, 3)
+    with pytest.raises(OtmError) as err:
+        optimal_acceptance_of(scheme, target, method="window")
+    assert "declined" in str(err.value) and "\n" not in str(err.value)
+    opt = optimal_acceptance_of(scheme, target)
+    assert opt.method == "prefix+race" and "declined" in opt.note
+    assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
+
+
+def test_method_is_checked():
+    with pytest.raises(OtmError, match="unknown method 'fast'") as err:
+        optimal_acceptance_of(WithoutReplacement([0.5, 0.3, 0.2], 2), [0.2, 0.3, 0.5], method="fast")
+    assert "\n" not in str(err.value)
+
+
+@st.composite
+def medium_pair(draw):
+    """V = 20..400 from a seed: sparse, flat, peaked, a dominant draft token, ties, zeros and 1e-12."""
+    V = draw(st.integers(20, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["peaked", "dirichlet0.05", "dirichlet1", "sparse", "dominant", "ties"]))
+    if kind == "dominant":  # one draft token near 1, the rest down to 1e-15
+        draft = rng.dirichlet(np.ones(V)) * 10 ** rng.uniform(-14, -1)
+        draft[rng.integers(V)] += 1.0
+        return rng.dirichlet(np.full(V, 0.3)), draft / draft.sum()
+    if kind == "ties":  # target proportional to the draft on groups
+        draft = rng.dirichlet(np.full(V, 0.5))
+        target = draft * np.array([0.0, 0.5, 1.0, 3.0])[rng.integers(4, size=V)]
+        assume(target.sum() > 0)
+        return target / target.sum(), draft
+    return law_family(kind, rng, V)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(medium_pair(), st.integers(3, 8))
+def test_window_matches_reference_on_hypothesis_laws(laws, k):
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    fast = optimal_acceptance_of(scheme, target)
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert fast.method == "prefix+race-window", fast.note
+    assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
+    skipped = np.isnan(fast.prefix_values)
+    assert np.all(ref.prefix_values[skipped] >= fast.value - 3e-13)
