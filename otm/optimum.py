@@ -127,7 +127,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
-from .race_window import MARGIN, TIE, window_inside
+from .race_window import MARGIN, TIE, add_clocks, window_inside
 from .schemes import Greedy, Scheme, SpecHub, Top, check_target, make_scheme
 
 QUADRATURE_STEP_SCALE = 0.19
@@ -395,16 +395,7 @@ def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.nd
             x = np.exp(np.add.outer(np.log(qb), y)) if huge else np.multiply.outer(qb, t)  # q_x t, [B, G]
             stay = np.exp(-x)  # clock not yet rung
             rung = -np.expm1(-x)  # clock rung (no cancellation when q_x t is small)
-            for i in range(B):
-                b = rung[i]
-                # a new clock lifts the count from k-1 to k with probability b
-                np.multiply(pmf[k - 1], b, out=F[i])
-                F[i] += tail
-                tail = F[i]
-                np.multiply(pmf[:-1], b, out=tmp)
-                pmf *= stay[i]
-                pmf[1:] += tmp
-            tail = tail.copy()
+            tail = add_clocks(pmf, tail, rung, stay, F, tmp).copy()
             j = np.arange(s + 1, s + B + 1)  # prefixes ending in this block
             cj = c[j]
             live = cj > 0

@@ -274,6 +274,23 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
     return np.moveaxis(pmf, 0, 1), tail
 
 
+def add_clocks(pmf: np.ndarray, tail: np.ndarray, rung: np.ndarray, stay: np.ndarray, F: np.ndarray,
+               tmp: np.ndarray) -> np.ndarray:
+    """The race's token-by-token update, in place: clock i rings by t with probability ``rung[i]``
+    (``stay[i] = 1 - rung[i]``); ``pmf [k, G]`` = P(N = m), m < k, and ``tail [G]`` = P(N >= k) on
+    entry; ``F[i]`` = P(N >= k) after clock i. Returns the last tail (a row of F)."""
+    k = pmf.shape[0]
+    for i in range(rung.shape[0]):
+        b = rung[i]
+        np.multiply(pmf[k - 1], b, out=F[i])  # a new clock lifts the count from k-1 to k with probability b
+        F[i] += tail
+        tail = F[i]
+        np.multiply(pmf[:-1], b, out=tmp)
+        pmf *= stay[i]
+        pmf[1:] += tmp
+    return tail
+
+
 def scan(pmf0: np.ndarray, tail0: np.ndarray, qs: np.ndarray, t: np.ndarray) -> np.ndarray:
     """The reference token-by-token update from a known state; returns ``F`` rows after each token, shape (len(qs), G)."""
     k = pmf0.shape[0]
@@ -284,14 +301,7 @@ def scan(pmf0: np.ndarray, tail0: np.ndarray, qs: np.ndarray, t: np.ndarray) -> 
     x = np.multiply.outer(qs, t)
     stay = np.exp(-x)
     rung = -np.expm1(-x)
-    for i in range(qs.size):
-        b = rung[i]
-        np.multiply(pmf[k - 1], b, out=F[i])
-        F[i] += tail
-        tail = F[i]
-        np.multiply(pmf[:-1], b, out=tmp)
-        pmf *= stay[i]
-        pmf[1:] += tmp
+    add_clocks(pmf, tail, rung, stay, F, tmp)
     return F
 
 
