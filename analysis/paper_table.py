@@ -52,7 +52,7 @@ KHISTI = {
 }  # fmt: skip
 KHISTI_KS = (2, 4, 8)
 
-COLUMNS = ("opt_iid", "kseq", "rrs", "opt_wo", "rrsw", "opt_greedy", "greedy")
+COLUMNS = ("opt_iid", "kseq", "rrs", "optimal", "opt_wo", "rrsw", "opt_greedy", "greedy")
 
 
 def default_loader():
@@ -144,6 +144,7 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
         "opt_iid": r["alpha_iid"],
         "kseq": r["kseq"],
         "rrs": r["rrs"],
+        "optimal": r["optimal"],
         "opt_wo": r["alpha_without_replacement"],
         "rrsw": r["rrs_without_replacement"],
         "rrsw_var": r["rrs_without_replacement_se"] ** 2,
@@ -161,7 +162,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     out = Path(out)
     if not 1 <= prompts <= len(PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(PROMPTS)}, got {prompts}")
-    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}"
+    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}-v2"  # v2: optimal column
     fp = loader.fingerprint() if hasattr(loader, "fingerprint") else "na"
     cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{fp}-{key}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,7 @@ BOOTSTRAP_RESAMPLES = 2000
 MIN_BOOTSTRAP_PROMPTS = 4
 """With fewer prompts the interval is the normal one over positions (a bootstrap over 2-3 prompts says little)."""
 
-SCHEME_OF = {"speculative": "iid", "kseq": "iid", "rrs": "iid",
+SCHEME_OF = {"speculative": "iid", "kseq": "iid", "rrs": "iid", "optimal": "iid",
              "rrs_without_replacement": "without_replacement", "greedy": "greedy"}
 """The draft scheme each verifier is exact for (its ratio is to alpha* of that scheme)."""
 
@@ -103,6 +103,7 @@ METHODS = {
     "kseq": "closed form at rho* (SpecTr)",
     "rrs": "closed form 1 - prod(1 - sum min(p_i, q))",
     "greedy": "closed form (Hu et al.; equals alpha* of the greedy scheme)",
+    "optimal": "its own closed form sum min(x*, target) (otm.verifiers.optimal: alpha* less its reported gap)",
     "rrs_without_replacement": "exact rejection-path sum where it fits, else unbiased Monte Carlo with its standard error",
 }
 """How each number is computed (printed with the results)."""
@@ -170,13 +171,13 @@ def continuation_laws(target_model, draft_model, ids, *, positions: int, tempera
 def position_acceptances(target, draft, k: int, *, paths: int = DEFAULT_PATHS, rng=None) -> dict:
     """alpha* of each scheme and each verifier's acceptance at one position (module docstring, step 2).
 
-    Keys: ``alpha_iid`` and ``speculative`` at k = 1; at k >= 2 ``alpha_iid``, ``kseq``, ``rrs``,
+    Keys: ``alpha_iid`` and ``speculative`` at k = 1; at k >= 2 ``alpha_iid``, ``kseq``, ``rrs``, ``optimal``,
     ``alpha_without_replacement``, ``rrs_without_replacement`` (with ``rrs_without_replacement_se``,
     ``_method``, ``_paths``), and ``alpha_greedy`` = ``greedy`` when k < V. Every alpha* warning of
     the race quadrature is counted in ``quadrature_warnings``.
     """
     from ..optimum import QuadratureWarning, optimal_acceptance
-    from ..verifiers import greedy, kseq, rrs, rrs_without_replacement, speculative
+    from ..verifiers import greedy, kseq, optimal, rrs, rrs_without_replacement, speculative
 
     V = len(target)
     with warnings.catch_warnings(record=True) as caught:
@@ -187,6 +188,7 @@ def position_acceptances(target, draft, k: int, *, paths: int = DEFAULT_PATHS, r
         else:
             est = rrs_without_replacement.acceptance(target, draft, k, paths=paths, rng=rng)
             row.update(kseq=kseq.acceptance(target, draft, k), rrs=rrs.acceptance(target, draft, k),
+                       optimal=optimal.acceptance(target, draft, k),
                        alpha_without_replacement=optimal_acceptance(target, draft, k, "without_replacement"),
                        rrs_without_replacement=est.value, rrs_without_replacement_se=est.se,
                        rrs_without_replacement_method=est.method, rrs_without_replacement_paths=est.paths)
@@ -530,7 +532,7 @@ def _k_row(k: int, groups: list[list[dict]], length: int, seed: int) -> KRow:
     first = groups[0][0]
     schemes = ["iid"] if k == 1 else ["iid", "without_replacement"] + (["greedy"] if "alpha_greedy" in first else [])
     alpha = {s: interval(col(f"alpha_{s}"), seed=seed) for s in schemes}
-    names = ["speculative"] if k == 1 else ["kseq", "rrs", "rrs_without_replacement"] + (["greedy"] if "greedy" in first else [])
+    names = ["speculative"] if k == 1 else ["kseq", "rrs", "optimal", "rrs_without_replacement"] + (["greedy"] if "greedy" in first else [])
     verifiers = {}
     for n in names:
         scheme = SCHEME_OF[n]
@@ -678,7 +680,7 @@ def plot_profile(p: Profile, out_dir) -> list[Path]:
         raise OtmError(f"--plot directory {str(out_dir)!r} cannot be created: {str(exc).splitlines()[0]}") from None
     ks = [r.k for r in p.rows]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    colors = {"speculative": "k", "kseq": "C0", "rrs": "C1", "rrs_without_replacement": "C2", "greedy": "C3"}
+    colors = {"speculative": "k", "kseq": "C0", "rrs": "C1", "rrs_without_replacement": "C2", "greedy": "C3", "optimal": "C4"}
     scheme_colors = {"iid": "C0", "without_replacement": "C2", "greedy": "C3"}
 
     def err(stats):
