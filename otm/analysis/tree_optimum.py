@@ -190,6 +190,12 @@ def _solve(cost, rows, cols, vals, rhs, n_rows):
     if status != highspy.HighsStatus.kOk:
         raise OtmError(f"HiGHS refused the tree LP ({status})")
     h.run()
+    for name, value in (("presolve", "off"), ("solver", "ipm")):  # second and third chances
+        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+            break
+        h.setOptionValue(name, value)
+        h.clearSolver()
+        h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         raise OtmError(f"HiGHS did not solve the tree LP (status {h.modelStatusToString(h.getModelStatus())})")
     sol = h.getSolution()
@@ -254,7 +260,11 @@ def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_tre
         raise OtmError(f"the tree LP at V = {V}, k = {k}, L = {L} ({scheme}) has {n_vars:,} variables, more than "
                        f"max_variables = {max_variables:,}: lower V, k or L")
     # constraint rows: one per node set, then one per (s, x) with p(s x) > 0 and |s| <= L
-    flow = {t: len(sets) + i for i, t in enumerate(t for t in pref if 1 <= len(t) <= L + 1)}
+    # the rows (s, x) over x sum to 0 for every s != () and the root rows to the marginal rows' total
+    # (both laws sum to 1): drop one of each group (the largest x), so no row is implied by others
+    last = {s: int(np.flatnonzero(target(s) > 0)[-1]) for s in pref if len(s) <= L}
+    kept = [t for t in pref if 1 <= len(t) <= L + 1 and t[-1] != last[t[:-1]]]
+    flow = {t: len(sets) + i for i, t in enumerate(kept)}
     n_rows = len(sets) + len(flow)
     rhs = np.zeros(n_rows)
     rhs[: len(sets)] = [law[S] for S in sets]
@@ -273,10 +283,13 @@ def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_tre
                 for d in range(1, len(b) + 1):  # G(b[:d]) - p(b_d | b[:d-1]) * sum_x' G(b[:d-1] x') = 0
                     head = b[: d - 1]
                     if d == 1:
-                        R.append(flow[b[:1]]), C.append(j), X.append(1.0)
+                        if b[:1] in flow:
+                            R.append(flow[b[:1]]), C.append(j), X.append(1.0)
                         continue
                     ph = target(head)
                     for z in np.flatnonzero(ph > 0):
+                        if head + (int(z),) not in flow:
+                            continue
                         R.append(flow[head + (int(z),)]), C.append(j)
                         X.append((1.0 if int(z) == b[d - 1] else 0.0) - float(ph[z]))
                 cost.append(float(len(b)))
