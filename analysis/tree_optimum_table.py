@@ -130,6 +130,7 @@ def main(argv=None) -> None:
 
 def figure(summary: list[dict], stem: Path, conditions: str) -> None:
     import matplotlib
+    import matplotlib.patches
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -137,26 +138,24 @@ def figure(summary: list[dict], stem: Path, conditions: str) -> None:
     rules = list(dict.fromkeys(r["rule"] for r in summary))
     cases = [c for c in CASES if any((r["V"], r["k"], r["L"]) == c for r in summary)]
     fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(15, 4.8), sharey=True)
-    width = 0.8 / len(rules)
+    colors = {rule: f"C{i}" for i, rule in enumerate(rules)}
     for ax, temperature in zip(axes, TEMPERATURES):
-        for i, rule in enumerate(rules):
-            xs, ys, lo = [], [], []
-            for j, c in enumerate(cases):
-                m = [r for r in summary if (r["V"], r["k"], r["L"]) == c and r["temperature"] == temperature
-                     and r["rule"] == rule]
-                if m:
-                    xs.append(j + (i - (len(rules) - 1) / 2) * width)
-                    ys.append(m[0]["ratio_mean"])
-                    lo.append(m[0]["ratio_mean"] - m[0]["ratio_min"])
-            ax.bar(xs, ys, width, yerr=[lo, [0] * len(lo)], label=rule, capsize=2)
+        for j, c in enumerate(cases):
+            here = [r for r in summary if (r["V"], r["k"], r["L"]) == c and r["temperature"] == temperature]
+            width = 0.8 / max(len(here), 1)
+            for i, m in enumerate(here):
+                ax.bar(j + (i - (len(here) - 1) / 2) * width, m["ratio_mean"], width, color=colors[m["rule"]],
+                       yerr=[[m["ratio_mean"] - m["ratio_min"]], [0]], capsize=2)
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(range(len(cases)), [f"V={V}\nk={k} L={L}" for V, k, L in cases], fontsize=8)
+        ax.set_xticks(range(len(cases)), [f"V={V} k={k} L={L}" for V, k, L in cases], fontsize=8, rotation=45,
+                      ha="right")
         ax.set_title(f"temperature {temperature}")
         ax.set_xlabel("case (vocabulary V, drafts k, depth L)")
+    handles = [matplotlib.patches.Patch(color=colors[r], label=r) for r in rules]
+    fig.legend(handles=handles, loc="lower center", ncol=len(rules), fontsize=9, bbox_to_anchor=(0.5, -0.2))
     axes[0].set_ylabel("tokens per target call / one-step optimum\n(bar: mean over seeds; whisker: minimum)")
     lows = [r["ratio_min"] for r in summary]
     axes[0].set_ylim(max(0.0, min(lows) - 0.02), 1.005)
-    axes[-1].legend(fontsize=8, loc="lower left")
     fig.suptitle(wrap(conditions, 190), fontsize=7, y=1.06)
     save_figure(fig, stem)
     plt.close(fig)
