@@ -117,6 +117,8 @@ def test_no_rule_beats_the_optimum_and_block_beats_speculative(V, k, L, seed, te
         assert r.dual_bound >= r.value - 1e-9
         assert r.dual_bound <= r.value + 1e-6  # the certificate is tight
         assert r.transport_bound >= r.value - 1e-9
+        assert lossless_violation(r.block_law, P, L) < 1e-8  # the optimal plan is itself a lossless step
+        assert sum(len(b) * w for b, w in r.block_law.items()) == pytest.approx(r.value, abs=1e-8)
         opt[scheme] = r.value
     got = {}
     for (name, scheme), only_k in RULES.items():

@@ -103,6 +103,8 @@ class TreeOptimum:
     variables: int
     constraints: int
     seconds: float
+    block_law: dict
+    """``{block: g(block)}`` of the optimal plan (a lossless block law, up to the solver's tolerance)."""
 
 
 # -- laws ----------------------------------------------------------------------------------
@@ -297,10 +299,14 @@ def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_tre
                 blocks.append(b)
                 j += 1
     cost = np.array(cost)
-    value, y, _, A = _solve(cost, np.array(R), np.array(C), np.array(X), rhs, n_rows)
+    value, y, x, A = _solve(cost, np.array(R), np.array(C), np.array(X), rhs, n_rows)
+    plan: dict[tuple, float] = {}
+    for b, w in zip(blocks, x):
+        plan[b] = plan.get(b, 0.0) + max(float(w), 0.0)
     bound = _certified_bound(A, cost, rhs, y, np.arange(len(sets)), np.array(col_group))
     relax = transport_bound(law, target, L, pref)
-    return TreeOptimum(value, bound, relax, V, k, L, scheme, len(sets), j, n_rows, time.perf_counter() - start)
+    return TreeOptimum(value, bound, relax, V, k, L, scheme, len(sets), j, n_rows, time.perf_counter() - start,
+                       plan)
 
 
 def transport_bound(law: dict[frozenset, float], target, L: int, pref: dict | None = None) -> float:
