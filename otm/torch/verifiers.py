@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import _rho
-from .optimal import optimal
+from ._optimal import optimal
 from ._core import (
     DECISION_DTYPE,
     NOT_ACCEPTED,
