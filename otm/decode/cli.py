@@ -31,7 +31,7 @@ from ..laws import OtmError
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
 DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block"
-ALL_VERIFIERS = ("kseq", "rrs", "speculative", "rrs_without_replacement", "block")
+ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "block")
 
 
 def _int_list(text: str, name: str) -> list[int]:

@@ -29,7 +29,8 @@ Exactness (each emitted token follows the target's processed law given the token
   uniforms of the levels above), the rows through the node continue with independent draws
   from :math:`q(\cdot|\text{node})`; their next tokens are m i.i.d. drafts, m = the number of
   rows through the node (a function of the past only). A verifier valid for m i.i.d. drafts
-  (``kseq`` with :math:`\rho^*` recomputed for m, ``rrs``) then emits y with law
+  (``kseq`` with :math:`\rho^*` recomputed for m, ``rrs``, ``optimal`` with its plan built for m)
+  then emits y with law
   :math:`p(\cdot|\text{node})` whatever m is, and y's own children are again i.i.d. given y.
   Acceptance is read by value (is y a child?), which the argument allows whatever branch of the
   rule produced y.
@@ -70,7 +71,7 @@ SCHEMES = ("iid", "without_replacement")
 """Draft schemes of the decoder."""
 
 VERIFIERS = {
-    "iid": ("kseq", "rrs", "speculative", "block"),
+    "iid": ("kseq", "rrs", "optimal", "speculative", "block"),
     "without_replacement": ("rrs_without_replacement", "speculative"),
 }
 """Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
@@ -355,7 +356,7 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
         known = ", ".join(VERIFIERS[scheme])
         raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
     if verifier in ("speculative", "block") and k != 1:
-        raise OtmError(f"the {verifier} verifier takes one draft chain (k = 1), got k = {k}: use kseq or rrs")
+        raise OtmError(f"the {verifier} verifier takes one draft chain (k = 1), got k = {k}: use kseq, rrs or optimal")
     if verifier in TREE_RULES:
         return None, None, verifier  # a whole-tree rule (resolve_rule)
     root = ot.VERIFIERS[verifier]

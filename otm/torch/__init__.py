@@ -13,12 +13,13 @@ verifier                    drafts from                              numpy twin
 ``rrs_without_replacement`` ``sample_without_replacement``           ``otm.verifiers.rrs_without_replacement``
 ``greedy``                  ``sample_greedy``                        ``otm.verifiers.greedy``
 ``spechub``                 ``sample_spechub`` (k = 2)               ``otm.verifiers.spechub``
+``optimal``                 ``sample_iid`` (set-up numpy per row)    ``otm.verifiers.optimal``
 =========================== ======================================== ================================
 
 Signature of every verifier::
 
     verifier(target [batch, V], draft [batch, V], drafts [batch, k] int64, *,
-             uniforms=None [batch, k + 1], generator=None, compute_dtype=None,
+             uniforms=None [batch, k + 1] (optimal: [batch, k + 2]), generator=None, compute_dtype=None,
              validate=True) -> Verified(token [batch] int64, accepted [batch] int64)
 
 >>> import torch
@@ -45,7 +46,7 @@ from .schemes import (
     sample_without_replacement,
     top_tokens,
 )
-from .verifiers import VERIFIERS, greedy, kseq, rho_star, rrs, rrs_without_replacement, spechub, speculative
+from .verifiers import VERIFIERS, greedy, kseq, optimal, rho_star, rrs, rrs_without_replacement, spechub, speculative
 
 __all__ = [
     "NOT_ACCEPTED",
@@ -58,6 +59,7 @@ __all__ = [
     "rrs_without_replacement",
     "greedy",
     "spechub",
+    "optimal",
     "SAMPLERS",
     "sample_drafts",
     "sample_iid",

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from . import _rho
+from ._optimal import optimal
 from ._core import (
     DECISION_DTYPE,
     NOT_ACCEPTED,
@@ -398,7 +399,8 @@ VERIFIERS = {
     "rrs_without_replacement": rrs_without_replacement,
     "greedy": greedy,
     "spechub": spechub,
+    "optimal": optimal,
 }
 """Name -> batched verifier (the names of :data:`otm.verifiers.VERIFIERS`, less ``lp_optimal``)."""
 
-__all__ = ["VERIFIERS", "speculative", "kseq", "rho_star", "rrs", "rrs_without_replacement", "greedy", "spechub"]
+__all__ = ["VERIFIERS", "optimal", "speculative", "kseq", "rho_star", "rrs", "rrs_without_replacement", "greedy", "spechub"]

@@ -1,0 +1,143 @@
+r"""Batched torch twin of :mod:`otm.verifiers.optimal` (select one draft by a race, then single-draft SD).
+
+For k i.i.d. drafts per row: (1) a race selects one drafted position, whose token has the
+exactly known selection law :math:`x` of the row's plan; (2) single-draft speculative
+sampling from :math:`x` to the target :math:`p`: accept the selected token :math:`y` when
+``u * x(y) < p(y)`` (so a token of zero target mass is never accepted), else draw from
+:math:`\mathrm{norm}((p - x)_+)`. The output law is exactly :math:`p` for every row, as for
+the numpy rule (see that module for the selection law and its gap to :math:`\alpha^*`).
+
+Where the work runs. **The set-up is numpy, one row at a time**: each row's laws are
+copied to the CPU as float64 (float32 laws first normalised in float32, as in every torch
+verifier), normalised by :func:`otm.laws.check_law` and given to :func:`otm.verifiers.optimal.build` (argsort, isotonic regression, Newton
+passes; 24-210 ms per row at V = 49152 on one CPU core). Rows with equal laws within one
+call share one set-up. The race, the accept test and the residual draw are
+batched torch on the input device, with float64 decisions and the float64 inverse CDF of
+:mod:`otm.torch._core`. So this verifier is exact at any V but far slower than
+:func:`otm.torch.kseq` there; it is meant for measuring and for small vocabularies.
+
+Uniforms. Each row uses ``k + 2`` uniforms in [0, 1): uniform ``i < k`` decides the pass
+of draft position ``i`` (pass 1 iff ``u_i < theta(d_i)``), uniform ``k`` the accept test,
+uniform ``k + 1`` the residual draw by inverse CDF. The numpy ``sample`` consumes
+``rng.random(k)`` then ``rng.random()`` twice (the second only on rejection) in the same
+order, so the same numbers give the same token and index (float64: bit-identical
+decisions; the plans are the same numpy computation).
+
+``accepted`` is the index of the selected draft when it is accepted; after a rejection it
+is the index of the first draft equal to the residual token, or
+:data:`~otm.torch.NOT_ACCEPTED` (numpy: ``Outcome.accepted``, same meaning).
+
+>>> import torch
+>>> target = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+>>> draft = torch.tensor([[0.2, 0.2, 0.6]], dtype=torch.float64)
+>>> u = torch.tensor([[0.5, 0.5, 0.1, 0.5]], dtype=torch.float64)
+>>> optimal(target, draft, torch.tensor([[2, 0]]), uniforms=u)
+Verified(token=tensor([0]), accepted=tensor([1]))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..laws import check_law
+from ..verifiers import optimal as _np_optimal
+from ._core import (
+    NOT_ACCEPTED,
+    Verified,
+    accept_test,
+    check_draft_values,
+    check_drafts,
+    check_law_tensor,
+    check_law_values,
+    compute_dtype_for,
+    normalised,
+    residual_draw,
+    uniforms_for,
+)
+
+
+def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
+    """Numpy set-up per distinct row, as the numpy ``sample`` does it.
+
+    ``p``, ``q`` float64 ``[batch, V]`` (rows summing to 1 up to rounding), ``d [batch, k]``.
+    Returns ``(theta_d, key1_d, key2_d [batch, k], target, x, residual [batch, V])``: the
+    target as :func:`otm.laws.check_law` normalises it, the plan's selection law and
+    ``(p - x)_+``. Rows with equal laws share one plan.
+    """
+    batch, V = p.shape
+    if batch > 1 and (p == p[:1]).all() and (q == q[:1]).all():
+        first, inverse = np.zeros(1, dtype=np.int64), np.zeros(batch, dtype=np.int64)
+    else:
+        _, first, inverse = np.unique(np.concatenate([p, q], 1), axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    targets, plans = [], []
+    for r in first:
+        pr = check_law(p[r], "target")  # numpy's check_inputs
+        targets.append(pr)
+        plans.append(_np_optimal.build(pr, check_law(q[r], "draft"), k))
+    theta = np.stack([pl.theta for pl in plans])[inverse]  # [batch, V]
+    key1 = np.stack([pl.key1 for pl in plans])[inverse]
+    key2 = np.stack([pl.key2 for pl in plans])[inverse]
+    rows = np.arange(batch)[:, None]
+    target = np.stack(targets)[inverse]
+    x = np.stack([pl.x for pl in plans])[inverse]
+    residual = np.stack([pl.residual for pl in plans])[inverse]
+    return theta[rows, d], key1[rows, d], key2[rows, d], target, x, residual
+
+
+def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:
+    r"""Race selection with a known law :math:`x`, then SD from :math:`x` to the target (module doc).
+
+    Twin of :func:`otm.verifiers.optimal.sample`; valid for i.i.d. drafts (``sample_iid``),
+    any k >= 1 (k = 1 is single-draft speculative sampling) and any V.
+
+    Parameters
+    ----------
+    target, draft : Tensor [batch, V]
+    drafts : Tensor [batch, k] int64, i.i.d. from ``draft``
+    uniforms : Tensor [batch, k + 2], optional
+        Uniforms 0..k-1: pass of each draft position; k: accept test; k + 1: residual draw.
+    generator : torch.Generator, optional
+    compute_dtype : torch.float32 or torch.float64, optional
+        dtype in which the laws are normalised; the set-up is float64 numpy whatever it is.
+    validate : bool
+        Check values (one device sync); shapes, dtypes and devices are always checked.
+    """
+    check_law_tensor(target, "target")
+    check_law_tensor(draft, "draft", shape=target.shape, device=target.device)
+    batch = target.shape[0]
+    d = check_drafts(drafts, batch, target.device)
+    k = d.shape[1]
+    dtype = compute_dtype_for(target, draft, compute_dtype=compute_dtype)
+    if validate:
+        check_law_values(target, "target")
+        check_law_values(draft, "draft")
+        check_draft_values(d, draft)
+    u = uniforms_for(uniforms, batch, k + 2, target.device, generator, validate)  # [batch, k + 2]
+    device = target.device
+    # numpy set-up per distinct row, float64 on the CPU; float64 laws go in as given (numpy
+    # normalises them exactly as its own sample does), float32 ones normalised in float32 first
+    if dtype == torch.float64:
+        p_in, q_in = target.to(torch.float64), draft.to(torch.float64)
+    else:
+        p_in, q_in = normalised(target, dtype).to(torch.float64), normalised(draft, dtype).to(torch.float64)
+    theta_d, key1_d, key2_d, p_np, x_np, r_np = _plans(p_in.cpu().numpy(), q_in.cpu().numpy(), d.cpu().numpy(), k)
+    p = torch.from_numpy(p_np).to(device)  # [batch, V] float64
+    x = torch.from_numpy(x_np).to(device)  # [batch, V] float64: selection law
+    residual = torch.from_numpy(r_np).to(device)  # [batch, V] float64: (p - x)_+
+    theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
+    # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
+    keys = torch.where(u[:, :k] < theta, torch.from_numpy(key1_d).to(device), torch.from_numpy(key2_d).to(device))
+    index = keys.argmin(-1)  # [batch]
+    y = d.gather(1, index.unsqueeze(1)).squeeze(1)  # [batch]
+    ok = accept_test(u[:, k], p.gather(1, y.unsqueeze(1)).squeeze(1), x.gather(1, y.unsqueeze(1)).squeeze(1))  # [batch]
+    z = residual_draw(residual, p, u[:, k + 1])  # [batch]
+    hit = d == z.unsqueeze(1)  # [batch, k]
+    z_index = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), torch.full_like(index, NOT_ACCEPTED))
+    token = torch.where(ok, y, z)
+    accepted = torch.where(ok, index, z_index)
+    return Verified(token, accepted)
+
+
+__all__ = ["optimal"]

@@ -1,0 +1,243 @@
+"""``otm.torch.optimal`` against its numpy twin, and ``otm decode --verifier optimal`` in exact mode.
+
+* Uniform by uniform: each row takes k + 2 uniforms (k race passes, the accept test, the
+  residual draw), in the order the numpy ``sample`` consumes them; with the same numbers,
+  torch and numpy give the same token and index on every row (float64; uniforms with exact
+  0s and the largest float below 1; targets with zeros; V = 2-8, k = 1-4).
+* Law: N = 20,000 rows of one instance (V = 6, k = 3, where the plan uses two passes) through
+  one batched call; counts of (token, token is a draft) against the exact numpy cells by the
+  calibrated chi-square of :mod:`otm.testing` at ALPHA = 1e-3, float32 and float64. Two planted
+  torch bugs with exactly known laws: the selection law used by the accept test and residual
+  off by 10% at token 0, and the race ignoring the two passes (theta = 1); the test's power
+  against each is asserted >= 0.99 and each bug's samples must be rejected.
+* k = 1 is single-draft speculative sampling (same uniforms: same outcome as ``ot.speculative``).
+* ``certify(optimal, kind="torch", scheme="iid", k)`` for k = 2, 4.
+* The decoder: exact mode with ``verifier="optimal"`` gives the target's law of the first
+  T = 3 tokens to 1e-12 (toy LMs: V = 3 with top-k 2, k = 2, 3, L = 1, 2; V = 4, k = 2, L = 1), and its expected depth-1
+  acceptance is >= kseq's on the same setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import otm.torch as ot
+import otm.torch._optimal as topt
+from otm.certify import certify
+from otm.decode import Sampling
+from otm.decode.chance import exact_law_of
+from otm.decode.cli import ALL_VERIFIERS
+from otm.decode.decoder import VERIFIERS as DECODER_VERIFIERS
+from otm.decode.decoder import resolve_verifiers
+from otm.decode.exact_mode import exact_decode, law_error, target_law
+from otm.decode.toy import ToyLM, model_law
+from otm.schemes import IID
+from otm.testing import chi2_gof, chi2_power, membership_cells
+from otm.verifiers import optimal as npo
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+N = 20_000
+ALPHA = 1e-3
+MIN_POWER = 0.99
+TARGET = np.array([0.35, 0.05, 0.3, 0.1, 0.2, 0.0])
+DRAFT = np.array([0.1, 0.3, 0.1, 0.25, 0.1, 0.15])
+V = TARGET.size
+K = 3
+U_MAX = 1.0 - 2.0**-53
+
+
+class SeqRng:
+    """Hands out given uniforms in order, as ``rng.random()`` / ``rng.random(n)`` would."""
+
+    def __init__(self, values):
+        self.values, self.used = [float(v) for v in values], 0
+
+    def random(self, size=None):
+        if size is None:
+            self.used += 1
+            return self.values[self.used - 1]
+        out = np.array(self.values[self.used : self.used + size])
+        self.used += size
+        return out
+
+
+def t(x, dtype=torch.float64, device="cpu"):
+    return torch.as_tensor(np.asarray(x), device=device).to(dtype)
+
+
+def pair(rng, size):
+    p, q = rng.dirichlet(np.ones(size) * 0.5), rng.dirichlet(np.ones(size) * 0.5)
+    if rng.random() < 0.4:
+        p[rng.integers(size)] = 0.0
+        p /= p.sum()
+    return p, q
+
+
+# -- uniform by uniform ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_same_uniforms_same_outcome_as_numpy(size, k):
+    rng = np.random.default_rng(100 * size + k)
+    rows = 50
+    laws = [pair(rng, size) for _ in range(rows)]
+    p = np.array([a for a, _ in laws])
+    q = np.array([b for _, b in laws])
+    d = np.array([rng.choice(size, size=k, p=q[r]) for r in range(rows)])
+    u = rng.random((rows, k + 2))
+    u[::4, rng.integers(k + 2)] = 0.0
+    u[1::4, rng.integers(k + 2)] = U_MAX
+    out = ot.optimal(t(p), t(q), torch.as_tensor(d), uniforms=t(u))
+    for r in range(rows):
+        o = npo.sample(p[r], q[r], d[r], SeqRng(u[r]))
+        want = (o.token, ot.NOT_ACCEPTED if o.accepted is None else o.accepted)
+        assert (int(out.token[r]), int(out.accepted[r])) == want, (r, p[r], q[r], d[r], u[r])
+
+
+def test_k1_is_speculative_sampling():
+    rng = np.random.default_rng(7)
+    rows = 200
+    laws = [pair(rng, 5) for _ in range(rows)]
+    p, q = t([a for a, _ in laws]), t([b for _, b in laws])
+    d = ot.sample_iid(q, 1, generator=torch.Generator().manual_seed(0))
+    u = t(rng.random((rows, 3)))
+    a = ot.optimal(p, q, d, uniforms=u)
+    b = ot.speculative(p, q, d, uniforms=u[:, 1:])
+    assert torch.equal(a.token, b.token) and torch.equal(a.accepted, b.accepted)
+
+
+@pytest.mark.parametrize("fill", [0.0, U_MAX])
+def test_edges_never_emit_zero_target_tokens(fill):
+    p = t([[0.0, 0.6, 0.4, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25] * 4, [0.0, 0.0, 0.0, 1.0]])
+    q = t([[0.5, 0.0, 0.0, 0.5], [0.25] * 4, [0.25] * 4, [1.0, 0.0, 0.0, 0.0]])
+    d = t([[0, 3, 0], [1, 2, 3], [0, 1, 2], [0, 0, 0]], torch.int64)
+    out = ot.optimal(p, q, d, uniforms=torch.full((4, 5), fill, dtype=torch.float64))
+    assert bool((p.gather(1, out.token[:, None])[:, 0] > 0).all())
+    hit = out.accepted >= 0
+    assert torch.equal(hit, (d == out.token[:, None]).any(1))
+    assert torch.equal(d[hit].gather(1, out.accepted[hit, None])[:, 0], out.token[hit])
+
+
+def test_generator_reproducible_and_shapes():
+    p, q = t(TARGET).expand(50, V), t(DRAFT).expand(50, V)
+    d = ot.sample_iid(q, K, generator=torch.Generator().manual_seed(0))
+    a = ot.optimal(p, q, d, generator=torch.Generator().manual_seed(1))
+    b = ot.optimal(p, q, d, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.token, b.token) and torch.equal(a.accepted, b.accepted)
+    assert a.token.dtype == a.accepted.dtype == torch.int64 and a.token.shape == (50,)
+    with pytest.raises(Exception, match=r"shape \[batch, 5\]"):
+        ot.optimal(p, q, d, uniforms=torch.zeros(50, 4, dtype=torch.float64))
+
+
+# -- in law, with planted bugs -----------------------------------------------------------------
+
+
+def _x_off(plans):
+    """Bug: the selection law used by the accept test and the residual is 10% high at token 0."""
+
+    def wrapped(p, q, d, k):
+        theta_d, key1_d, key2_d, target, x, residual = plans(p, q, d, k)
+        x = x.copy()
+        x[:, 0] *= 1.1
+        return theta_d, key1_d, key2_d, target, x, np.maximum(target - x, 0.0)
+
+    return wrapped
+
+
+def _one_pass(plans):
+    """Bug: the race ignores the two passes (every position in pass 1)."""
+
+    def wrapped(p, q, d, k):
+        theta_d, *rest = plans(p, q, d, k)
+        return (np.ones_like(theta_d), *rest)
+
+    return wrapped
+
+
+def _law_x_off(plan):
+    x = plan.x.copy()
+    x[0] *= 1.1
+    return dataclasses.replace(plan, x=x, residual=np.maximum(TARGET - x, 0.0))
+
+
+BUGS = {"x_off": (_x_off, _law_x_off), "one_pass": (_one_pass, lambda plan: dataclasses.replace(plan, theta=np.ones(V)))}
+
+
+def cell_counts(token: torch.Tensor, drafts: torch.Tensor) -> np.ndarray:
+    token, drafts = token.cpu().numpy(), drafts.cpu().numpy()
+    member = (drafts == token[:, None]).any(1)
+    return np.bincount(token + V * member, minlength=2 * V).astype(float)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_law_matches_numpy_and_catches_planted_bugs(dtype, device, monkeypatch):
+    scheme = IID(DRAFT, K)
+    plan = npo.build(TARGET, DRAFT, K)
+    assert 0 < plan.theta.min() < 1  # two passes in use: the race uniforms matter
+    p0 = membership_cells(lambda d: npo.law(TARGET, DRAFT, d), scheme, V)
+    assert np.abs(p0[:V] + p0[V:] - TARGET).max() < 1e-12
+    tuples, probs = scheme.enumerate()
+    drafts = torch.as_tensor(tuples[np.random.default_rng(5).choice(len(probs), size=N, p=probs)], device=device)
+    p, q = t(TARGET, dtype, device).expand(N, V), t(DRAFT, dtype, device).expand(N, V)
+    out = ot.optimal(p, q, drafts, generator=torch.Generator(device=device).manual_seed(11))
+    member = (drafts == out.token[:, None]).any(1)
+    assert torch.equal(out.accepted >= 0, member)
+    result = chi2_gof(cell_counts(out.token, drafts), p0, alpha=ALPHA)
+    assert not result.reject, str(result)
+    for name, (patch, bug_plan) in BUGS.items():
+        bad_plan = bug_plan(plan)
+        p1 = membership_cells(lambda d: npo._law(bad_plan, TARGET, np.asarray(d)), scheme, V)
+        power = chi2_power(N, p0, p1, alpha=ALPHA)
+        assert power >= MIN_POWER, f"{name}: power {power:.4f}"
+        with monkeypatch.context() as m:
+            m.setattr(topt, "_plans", patch(topt._plans))
+            bad = ot.optimal(p, q, drafts, generator=torch.Generator(device=device).manual_seed(12))
+        control = chi2_gof(cell_counts(bad.token, drafts), p0, alpha=ALPHA)
+        assert control.reject, f"{name} not caught: {control}"
+
+
+# -- registry and certification ----------------------------------------------------------------
+
+
+def test_registered_everywhere():
+    assert ot.VERIFIERS["optimal"] is ot.optimal
+    assert exact_law_of(ot.optimal) is npo.law
+    assert "optimal" in DECODER_VERIFIERS["iid"] and "optimal" in ALL_VERIFIERS
+    root, below, name = resolve_verifiers("optimal", "iid", 3)
+    assert root is below is ot.optimal and name == "optimal"
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_certified(k):
+    report = certify(ot.optimal, kind="torch", scheme="iid", k=k, seed=3)
+    assert report.certified, str(report)
+
+
+# -- the decoder in exact mode -----------------------------------------------------------------
+
+SETTINGS = [  # target, draft, prompt, sampling
+    (ToyLM(3, seed=11), ToyLM(3, seed=12), [0, 2], Sampling(temperature=0.9, top_k=2)),
+    (ToyLM(4, seed=21), ToyLM(4, seed=22), [1, 3], Sampling(temperature=1.0)),
+]
+T = 3
+CASES = [(0, 2, 1), (0, 2, 2), (0, 3, 1), (0, 3, 2), (1, 2, 1)]  # setting, k, L (V = 4, k = 3 or L = 2: minutes)
+
+
+@pytest.mark.parametrize("setting,k,length", CASES)
+def test_exact_mode_of_the_decoder_with_optimal(setting, k, length):
+    target, draft, prompt, sampling = SETTINGS[setting]
+    reference = target_law(model_law(target, prompt, sampling), T)
+    opts = dict(max_new_tokens=T, k=k, length=length, scheme="iid", sampling=sampling)
+    ex = exact_decode(target, draft, prompt, verifier="optimal", **opts)
+    assert law_error(ex.law, reference) < 1e-12
+    assert abs(sum(ex.law.values()) - 1) < 1e-12
+    ks = exact_decode(target, draft, prompt, verifier="kseq", **opts)
+    assert ex.acceptance_by_depth[0] >= ks.acceptance_by_depth[0] - 1e-12, (ex.acceptance_by_depth, ks.acceptance_by_depth)
