@@ -159,6 +159,16 @@ _BLOCK = 256  # tokens per block in the race scan (bounds the [block, grid] buff
 _UPPER = 45.0  # c_min * t_max: e^-45 = 3e-20 cut off, 45 e^-45 = 1e-18 first neglected node
 
 
+def _warn_quadrature(err: float, step: float, stacklevel: int) -> None:
+    """The race quadrature's error estimate stayed above its tolerance at the finest step tried."""
+    warnings.warn(
+        f"race quadrature error estimate {err:.2e} above {QUADRATURE_TOLERANCE:g} "
+        f"even with step {step:g}: the value may be off by about that much",
+        QuadratureWarning,
+        stacklevel=stacklevel,
+    )
+
+
 class QuadratureWarning(RuntimeWarning):
     """The race quadrature's error estimate is above :data:`QUADRATURE_TOLERANCE`."""
 
@@ -520,12 +530,7 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
             break
         step_now /= 2
     else:
-        warnings.warn(
-            f"race quadrature error estimate {err:.2e} above {QUADRATURE_TOLERANCE:g} "
-            f"even with step {step_now * 2:g}: the value may be off by about that much",
-            QuadratureWarning,
-            stacklevel=4,
-        )
+        _warn_quadrature(err, step_now * 2, stacklevel=5)
     P = _prefix_sums(ts)
     values = P.copy()  # beyond the positive tokens Q = 1
     values[: n + 1] = P[: n + 1] + (1.0 - inside)
@@ -573,12 +578,7 @@ def _prefix_optimum(scheme: Scheme, target: np.ndarray, step: float | None, meth
             break
         step_now /= 2
     else:
-        warnings.warn(
-            f"race quadrature error estimate {err:.2e} above {QUADRATURE_TOLERANCE:g} "
-            f"even with step {step_now * 2:g}: the value may be off by about that much",
-            QuadratureWarning,
-            stacklevel=3,
-        )
+        _warn_quadrature(err, step_now * 2, stacklevel=4)
     values = _prefix_sums(target[order]) + m.outside
     j = int(np.argmin(values))
     H = np.zeros(scheme.V, dtype=bool)
