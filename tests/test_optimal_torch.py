@@ -195,6 +195,8 @@ def test_law_matches_numpy_and_catches_planted_bugs(dtype, device, monkeypatch):
     for name, (patch, bug_plan) in BUGS.items():
         bad_plan = bug_plan(plan)
         p1 = membership_cells(lambda d: npo._law(bad_plan, TARGET, np.asarray(d)), scheme, V)
+        tv = 0.5 * np.abs(p0 - p1).sum()
+        assert 0.01 < tv < 0.05, (name, tv)  # realistic sizes: 0.0167 (x off by 10%), 0.0195 (one pass)
         power = chi2_power(N, p0, p1, alpha=ALPHA)
         assert power >= MIN_POWER, f"{name}: power {power:.4f}"
         with monkeypatch.context() as m:
