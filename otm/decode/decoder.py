@@ -71,8 +71,8 @@ SCHEMES = ("iid", "without_replacement")
 """Draft schemes of the decoder."""
 
 VERIFIERS = {
-    "iid": ("kseq", "rrs", "optimal", "speculative", "block"),
-    "without_replacement": ("rrs_without_replacement", "speculative"),
+    "iid": ("kseq", "rrs", "optimal", "speculative", "block", "traversal"),
+    "without_replacement": ("rrs_without_replacement", "speculative", "traversal"),
 }
 """Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
 by level) and whole-tree rules (:data:`otm.decode.tree_rules.TREE_RULES`); ``speculative`` and
