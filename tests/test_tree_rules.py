@@ -441,3 +441,27 @@ def test_traversal_same_law_as_transformers_generate():
     assert not gof(ours).reject and not gof(theirs).reject
     with merged:
         assert gof(counts(9)).reject
+
+
+def test_bench_has_traversal_rows_for_both_schemes_and_the_cli_takes_traversal():
+    from otm.decode.bench import contenders
+    from otm.decode.cli import ALL_VERIFIERS, DEFAULT_VERIFIERS
+
+    rows = {r.name: r for r in contenders([1, 4], [2, 4], ["kseq", "traversal", "traversal_without_replacement"], hf=False)}
+    assert "traversal" in DEFAULT_VERIFIERS.split(",") and "traversal" in ALL_VERIFIERS
+    assert (rows["traversal k=4 L=4"].verifier, rows["traversal k=4 L=4"].scheme) == ("traversal", "iid")
+    wor = rows["traversal_without_replacement k=4 L=2"]
+    assert (wor.verifier, wor.scheme, wor.k, wor.length) == ("traversal", "without_replacement", 4, 2)
+    assert not any(name.startswith("traversal k=1") for name in rows)  # k = 1 is block's row
+
+
+def test_traversal_runs_in_the_decoder_for_both_schemes_and_counts_depths():
+    target, draft = ToyLM(5, seed=1), ToyLM(5, seed=2)
+    for scheme in ("iid", "without_replacement"):
+        run = speculative_decode(target, draft, PROMPT, k=3, length=3, verifier="traversal", scheme=scheme,
+                                 max_new_tokens=40, seed=3)
+        s = run.stats
+        assert s.new_tokens == 40 and len(run.tokens) == 40 and s.target_calls < 40
+        assert all(a <= v for a, v in zip(s.accepted_by_depth, s.verified_by_depth))
+        assert sum(s.accepted_by_depth) == s.new_tokens - s.steps  # each step: its accepted path, then one token
+        assert s.verified_by_depth[0] <= s.steps and s.accepted_by_depth[0] > 0

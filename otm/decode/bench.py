@@ -74,6 +74,10 @@ class Row:
         return self.new_tokens / self.wall_seconds if self.wall_seconds else float("nan")
 
 
+SCHEME_VARIANTS = {"traversal_without_replacement": ("traversal", "without_replacement")}
+"""Bench names of a rule run on the other draft scheme: name -> (verifier, scheme)."""
+
+
 def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
     """The bench's rows: autoregressive, HF assisted, k = 1 per L (speculative, and block when asked), then k x L per verifier."""
     from .decoder import VERIFIERS
@@ -89,12 +93,12 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
     for v in verifiers:
         if v == "block":
             continue  # k = 1 only: beside the speculative rows above
-        scheme = next((s for s, names in VERIFIERS.items() if v in names), None)
+        verifier, scheme = SCHEME_VARIANTS.get(v, (v, next((s for s, names in VERIFIERS.items() if v in names), None)))
         for k in ks:
             if k == 1:
                 continue
             for L in lengths:
-                rows.append(Contender(f"{v} k={k} L={L}", "speculative", k, L, v, scheme))
+                rows.append(Contender(f"{v} k={k} L={L}", "speculative", k, L, verifier, scheme))
     return rows
 
 

@@ -7,7 +7,7 @@
 In a terminal ``otm decode`` streams the text with the live figures on the bottom line only
 (:mod:`otm.decode.stream`); piped or with ``--quiet`` stdout is the text alone and the figures go to
 stderr; ``--json`` prints one object.
-    otm bench-decode [--k 1,2,4,8] [--length 2,4,8] [--verifiers kseq,rrs,rrs_without_replacement]
+    otm bench-decode [--k 1,2,4,8] [--length 2,4,8] [--verifiers kseq,rrs,rrs_without_replacement,block,traversal]
                      [--max-new-tokens 64] [--prompts 8] [--no-hf]
     otm profile [--target DIR --draft DIR] [--prompts FILE] [-k 1,2,4,8] [--length 4] [--temperature 1]
                 [--positions 8] [--json] [--plot DIR] [--seed 0] [--threads N] [--no-check]
@@ -30,8 +30,8 @@ from ..laws import OtmError
 
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
-DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block"
-ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "block")
+DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block,traversal"
+ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "block", "traversal")
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -79,7 +79,8 @@ def register(sub) -> None:
     bench = sub.add_parser("bench-decode", help="block efficiency and speed table on a fixed prompt set")
     bench.add_argument("--k", default=DEFAULT_KS, help=f"drafts per position, comma-separated (default {DEFAULT_KS})")
     bench.add_argument("--length", default=DEFAULT_LENGTHS, help=f"draft depths (default {DEFAULT_LENGTHS})")
-    bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2, and block for k = 1 (default {DEFAULT_VERIFIERS})")
+    bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2 (traversal_without_replacement: traversal on roots drafted without "
+                       f"replacement), and block for k = 1 (default {DEFAULT_VERIFIERS})")
     bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts (default 8, at most 8)")
     bench.add_argument("--no-hf", action="store_true", help="leave out transformers' assisted generation")
     bench.add_argument("--peer-draft", default=None,
@@ -211,12 +212,13 @@ def cmd_decode(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import PROMPTS, run_bench
+    from .bench import SCHEME_VARIANTS
     from .decoder import VERIFIERS
 
     ks = _int_list(args.k, "k")
     lengths = _int_list(args.length, "length")
     verifiers = [v for v in args.verifiers.replace(" ", "").split(",") if v]
-    known = sorted({v for names in VERIFIERS.values() for v in names} - {"speculative"})
+    known = sorted(({v for names in VERIFIERS.values() for v in names} | set(SCHEME_VARIANTS)) - {"speculative"})
     bad = [v for v in verifiers if v not in known]
     if bad:
         raise OtmError(f"unknown verifier {bad[0]!r} for bench-decode: choose among {', '.join(known)} (k = 1 rows run anyway)")
