@@ -52,13 +52,14 @@ def run_one(V: int, k: int, L: int, temperature: float, seed: int) -> list[dict]
         for (rule, rule_scheme), only_k in RULES.items():
             if rule_scheme != scheme or (only_k is not None and only_k != k):
                 continue
-            if k == 1 and rule in ("kseq", "rrs"):  # one draft: the same rule as speculative
+            if k == 1 and rule in ("kseq", "rrs", "traversal"):  # one draft: speculative's rule, or block's
                 continue
             got = rule_tokens_per_call(t, d, PROMPT, k, L, rule, scheme, s)
+            name = "traversal_without_replacement" if (rule, scheme) == ("traversal", "without_replacement") else rule
             if got > opt.value + 1e-9:
                 raise AssertionError(f"{rule} above the optimum at V={V} k={k} L={L} T={temperature} seed={seed}")
             out.append({"V": V, "k": k, "L": L, "temperature": temperature, "seed": seed, "scheme": scheme,
-                        "rule": rule, "tokens": got, "optimum": opt.value, "ratio": got / opt.value,
+                        "rule": name, "tokens": got, "optimum": opt.value, "ratio": got / opt.value,
                         "dual_bound": opt.dual_bound, "transport_bound": opt.transport_bound,
                         "lp_variables": opt.variables, "lp_seconds": opt.seconds})
     return out
@@ -71,20 +72,21 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cache = args.out / "cache" / "tree_optimum.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    key = lambda r: (r["V"], r["k"], r["L"], r["temperature"], r["seed"])  # noqa: E731
+    rules = ",".join(f"{rule}/{scheme}" for rule, scheme in RULES)  # a cached case is reused only for the same rules
+    key = lambda r: (r["V"], r["k"], r["L"], r["temperature"], r["seed"], r.get("rules", ""))  # noqa: E731
     done = load_resume_cache(cache, key)
     rows: list[dict] = []
     for V, k, L in CASES:
         for temperature in TEMPERATURES:
             for seed in range(args.seeds):
-                kk = (V, k, L, temperature, seed)
+                kk = (V, k, L, temperature, seed, rules)
                 if kk in done:
                     rows.extend(done[kk]["rows"])
                     continue
                 got = run_one(V, k, L, temperature, seed)
                 with cache.open("a") as f:
                     f.write(json.dumps({"V": V, "k": k, "L": L, "temperature": temperature, "seed": seed,
-                                        "rows": got}) + "\n")
+                                        "rules": rules, "rows": got}) + "\n")
                 rows.extend(got)
                 print(f"V={V} k={k} L={L} T={temperature} seed={seed}: "
                       + ", ".join(f"{r['rule']} {r['ratio']:.4f}" for r in got), flush=True)

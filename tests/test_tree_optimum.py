@@ -127,10 +127,11 @@ def test_no_rule_beats_the_optimum_and_block_beats_speculative(V, k, L, seed, te
         law = rule_block_law(t, d, PROMPT, k, L, name, scheme, s)
         assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
         assert lossless_violation(law, P, L) < 1e-12  # every rule's block is a stopped target stream
-        got[name] = sum(len(b) * w for b, w in law.items())
-        assert got[name] <= opt[scheme] + 1e-9, (name, got[name], opt[scheme])
+        got[name, scheme] = sum(len(b) * w for b, w in law.items())
+        assert got[name, scheme] <= opt[scheme] + 1e-9, (name, scheme, got[name, scheme], opt[scheme])
     if k == 1:
-        assert got["block"] >= got["speculative"] - 1e-12
+        assert got["block", "iid"] >= got["speculative", "iid"] - 1e-12
+        assert got["traversal", "iid"] == pytest.approx(got["block", "iid"], abs=1e-12)  # on a chain: block
 
 
 def test_the_lossless_check_sees_a_look_ahead_stop():

@@ -414,6 +414,8 @@ RULES = {
     ("kseq", "iid"): None,
     ("rrs", "iid"): None,
     ("rrs_without_replacement", "without_replacement"): None,
+    ("traversal", "iid"): None,
+    ("traversal", "without_replacement"): None,
 }
 """The decoder's rules compared with the optimum, with the k each takes (None: any)."""
 
