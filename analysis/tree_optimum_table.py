@@ -52,7 +52,7 @@ def run_one(V: int, k: int, L: int, temperature: float, seed: int) -> list[dict]
         for (rule, rule_scheme), only_k in RULES.items():
             if rule_scheme != scheme or (only_k is not None and only_k != k):
                 continue
-            if k == 1 and rule in ("kseq", "rrs", "traversal"):  # one draft: speculative's rule, or block's
+            if k == 1 and rule in ("kseq", "rrs", "optimal", "traversal"):  # one draft: speculative's rule, or block's
                 continue
             got = rule_tokens_per_call(t, d, PROMPT, k, L, rule, scheme, s)
             name = "traversal_without_replacement" if (rule, scheme) == ("traversal", "without_replacement") else rule

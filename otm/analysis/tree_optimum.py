@@ -414,6 +414,7 @@ RULES = {
     ("kseq", "iid"): None,
     ("rrs", "iid"): None,
     ("rrs_without_replacement", "without_replacement"): None,
+    ("optimal", "iid"): None,
     ("traversal", "iid"): None,
     ("traversal", "without_replacement"): None,
 }
