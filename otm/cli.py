@@ -233,7 +233,16 @@ def _laws_arg(text: str, name: str) -> np.ndarray:
 def _cmd_certify(args) -> int:
     from .certify import certify, load_rule
 
-    rule = load_rule(args.rule)
+    if args.kind == "decoder" and ":" not in args.rule:  # a decoder rule by name: otm certify traversal --kind decoder
+        from .decode.decoder import VERIFIERS
+
+        known = sorted({v for names in VERIFIERS.values() for v in names})
+        if args.rule not in known:
+            raise OtmError(f"unknown decoder rule {args.rule!r}: name one of {', '.join(known)}, "
+                           "or MODULE:NAME of a torch verifier or of a TreeRule class")
+        rule = args.rule
+    else:
+        rule = load_rule(args.rule)
     target = parse_law(args.target, "target") if args.target is not None else None
     draft = parse_law(args.draft, "draft") if args.draft is not None else None
     if args.kind != "decoder" and args.length is not None:

@@ -85,3 +85,60 @@ def test_bad_input():
         certify_decoder(lambda t, q, d, *, generator=None, validate=True: None, exact=True)
     with pytest.raises(OtmError):
         certify_decoder("kseq", scheme="without_replacement")
+
+
+# -- whole-tree rules: built-in by name, and a user's own TreeRule -----------------------------------------
+
+USER_TREE_RULES = '''
+"""A user's whole-tree rules: block verification of the first row only (exact), and the same with the
+classic slip of resampling the target after a rejection instead of drawing from the residual."""
+import torch
+from otm.decode.tree_rules import TreeRule, block_law
+
+
+class FirstRowBlock(TreeRule):
+    name = "first-row block"
+    resample_target = False
+
+    def walk(self, dec, tree, drafts, target_laws):
+        nodes = tree.node_of[0].tolist()  # row 0's chain: root, depth 1 .. L
+        chain = torch.tensor([int(tree.tokens[n]) for n in nodes[1:]])
+        q = torch.cat([dec.node_draft_law(tree, n, drafts) for n in nodes[:-1]])
+        tau_law, residuals = block_law(target_laws[nodes], q, chain)
+        tau = dec.chance.index(tau_law[None])
+        emitted = chain[:tau].tolist()
+        if tau == len(chain) or self.resample_target:
+            emitted.append(dec.bonus(tree, nodes[tau], target_laws))
+        else:
+            emitted.append(dec.chance.index(residuals[tau : tau + 1]))
+        return emitted, nodes[1 : tau + 1]
+
+
+class ResamplesTarget(FirstRowBlock):
+    name = "first-row block, resampling the target"
+    resample_target = True
+'''
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
+def test_traversal_is_certified_by_name_in_the_decoder(scheme):
+    report = certify("traversal", kind="decoder", scheme=scheme, k=2, length=2)
+    assert report.certified, str(report)
+    assert all(c.law_error < 1e-12 for c in report.cases) and report.method.startswith("exact")
+    assert "otm certify traversal --kind decoder" in report.command
+
+
+def test_a_users_tree_rule_is_certified_or_refuted_from_the_cli(tmp_path):
+    path = tmp_path / "my_tree_rules.py"
+    path.write_text(USER_TREE_RULES)
+    ok = subprocess.run([sys.executable, "-m", "otm.cli", "certify", f"{path}:FirstRowBlock", "--kind", "decoder", "-k", "2",
+                         "--length", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["certified"] is True
+    bad = subprocess.run([sys.executable, "-m", "otm.cli", "certify", f"{path}:ResamplesTarget", "--kind", "decoder", "-k",
+                          "2", "--length", "2"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "REFUTED" in bad.stdout, bad.stdout + bad.stderr
+    unknown = subprocess.run([sys.executable, "-m", "otm.cli", "certify", "travesal", "--kind", "decoder"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "traversal" in unknown.stderr and "Traceback" not in unknown.stderr

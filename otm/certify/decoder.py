@@ -80,8 +80,10 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
 
     Parameters
     ----------
-    verifier : a name of :data:`otm.decode.decoder.VERIFIERS` for the scheme, or a torch verifier callable
-        (optionally with ``.law`` for the exact mode).
+    verifier : a name of :data:`otm.decode.decoder.VERIFIERS` for the scheme (``"traversal"``, ...), a torch
+        verifier callable (optionally with ``.law`` for the exact mode), or an instance of
+        :class:`otm.decode.tree_rules.TreeRule` (a whole-tree rule; it must draw every random choice
+        through ``dec.chance``, which the exact mode enumerates).
     scheme, k, length : the decoder's draft scheme, drafts per position and draft depth L.
     tv, alpha : statistical mode: total variation detected with power >= 0.99; family-wise level.
     exact : force (True) or forbid (False) the exact mode; default: exact when the law is known.
@@ -159,7 +161,8 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
     failing = [c for c in cases if not c.passed]
     if exact:
         method = (f"exact: every run of the real decoder enumerated (draft tokens, verification outcomes from the "
-                  f"verifier's exact law, bonus tokens) on {len(SETTINGS)} toy settings; certified when the law of "
+                  f"verifier's exact law or a tree rule's own decision laws, bonus tokens) on {len(SETTINGS)} toy "
+                  f"settings; certified when the law of "
                   f"the first T tokens is within {LAW_TOLERANCE:g} of the target's on every one")
         worst = max(failing or cases, key=lambda c: c.law_error if c.law_error is not None else -1.0)
         report = Report(name, "decoder", scheme, k, not failing, cases, worst, method)

@@ -162,6 +162,17 @@ def check_signature(rule: Callable, kind: str) -> None:
                        "choose the --kind that matches the rule") from None
 
 
+def _is_tree_rule(rule) -> bool:
+    """A decoder verifier given by name (``"traversal"``), or a TreeRule class or instance."""
+    if isinstance(rule, str):
+        return True
+    try:
+        from ..decode.tree_rules import TreeRule
+    except ImportError:  # torch not installed: no tree rule can exist
+        return False
+    return isinstance(rule, TreeRule) or (isinstance(rule, type) and issubclass(rule, TreeRule))
+
+
 def rule_name(rule: Callable) -> str:
     """``module:qualname`` of a callable (what :func:`load_rule` reads back when importable)."""
     module = getattr(rule, "__module__", None) or "?"
@@ -576,6 +587,14 @@ def certify(
     """
     if kind not in KINDS:
         raise OtmError(f"unknown kind {kind!r}: choose one of {', '.join(KINDS)}")
+    if kind == "decoder" and _is_tree_rule(rule):  # a decoder rule by name, or a whole-tree rule (TreeRule)
+        from .decoder import DEFAULT_DECODER_TV, certify_decoder
+
+        k = check_k(k)
+        if isinstance(rule, type):
+            rule = rule()
+        return certify_decoder(rule, scheme=scheme, k=k, tv=DEFAULT_DECODER_TV if tv is None else tv, alpha=alpha,
+                               seed=seed, progress=progress, name=name, **decoder_options)
     if not callable(rule):
         raise OtmError(f"the rule must be callable, got {type(rule).__name__}")
     k = check_k(k)

@@ -346,10 +346,15 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
     """``(at the root, below the root, name)`` for a verifier name (or a callable) and a scheme.
 
     A callable with the signature of :data:`otm.torch.VERIFIERS` is used at every node (tests
-    plant broken rules this way).
+    plant broken rules this way). An instance of :class:`~otm.decode.tree_rules.TreeRule` (a user's
+    whole-tree rule) gives ``(None, None, its name)``, as a built-in whole-tree rule does.
     """
     if scheme not in SCHEMES:
         raise OtmError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
+    if isinstance(verifier, type) and issubclass(verifier, TreeRule):
+        raise OtmError(f"give an instance of the tree rule {verifier.__name__}, not the class: {verifier.__name__}()")
+    if isinstance(verifier, TreeRule):
+        return None, None, getattr(verifier, "name", type(verifier).__name__)  # a user's whole-tree rule
     if callable(verifier):
         return verifier, verifier, getattr(verifier, "__name__", "custom")
     if verifier not in VERIFIERS[scheme]:
@@ -369,6 +374,8 @@ def resolve_rule(verifier, scheme: str, k: int) -> TreeRule:
     """The tree rule of a run: a whole-tree rule by name (``"block"``), else SpecTr's level-by-level
     walk with the token-level verifiers of :func:`resolve_verifiers`."""
     root, deep, name = resolve_verifiers(verifier, scheme, k)
+    if isinstance(verifier, TreeRule):
+        return verifier
     if root is None:
         return TREE_RULES[name]()
     return LevelByLevel(root, deep, name)
@@ -675,8 +682,9 @@ def speculative_decode(
     input_ids : list of int, or tensor ``[n]`` / ``[1, n]`` (batch size 1).
     k : drafts per position (rows of the tree), >= 1.
     length : draft depth L, >= 1.
-    verifier : name in :data:`VERIFIERS` for the scheme, or a callable with the signature of
-        :data:`otm.torch.VERIFIERS`.
+    verifier : name in :data:`VERIFIERS` for the scheme, a callable with the signature of
+        :data:`otm.torch.VERIFIERS` (run level by level), or an instance of
+        :class:`~otm.decode.tree_rules.TreeRule` (a whole-tree rule of your own).
     scheme : ``"iid"`` or ``"without_replacement"``.
     sampling : :class:`~otm.decode.sampling.Sampling` for both models (default temperature 1).
     max_new_tokens : >= 1;  eos_token_id : int, list of int or None (stop after emitting one).
