@@ -465,3 +465,92 @@ def test_traversal_runs_in_the_decoder_for_both_schemes_and_counts_depths():
         assert all(a <= v for a, v in zip(s.accepted_by_depth, s.verified_by_depth))
         assert sum(s.accepted_by_depth) == s.new_tokens - s.steps  # each step: its accepted path, then one token
         assert s.verified_by_depth[0] <= s.steps and s.accepted_by_depth[0] > 0
+
+
+# Property: over every draft tree of explicit random law tables (zeros and 1e-12 masses included), traversal's
+# block is a stopped target stream (the lossless equations of otm.analysis.tree_optimum), to 1e-9.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from test_tree_optimum import lossless_violation  # noqa: E402
+
+
+@st.composite
+def _law_tables(draw):
+    V = draw(st.integers(2, 3))
+    k = draw(st.integers(1, 3))
+    L = draw(st.integers(1, 2))
+    scheme = draw(st.sampled_from(["iid", "without_replacement"]))
+    mass = st.one_of(st.just(0.0), st.just(1e-12), st.floats(0.01, 1.0))
+
+    def law():
+        w = np.array(draw(st.lists(mass, min_size=V, max_size=V)))
+        if w.sum() <= 0:
+            w[draw(st.integers(0, V - 1))] = 1.0
+        return w / w.sum()
+
+    prefixes = [p for n in range(L + 2) for p in itertools.product(range(V), repeat=n)]
+    return V, k, L, scheme, {p: law() for p in prefixes}, {p: law() for p in prefixes}
+
+
+def _trees(V, k, L, scheme, Q):
+    """Every draft tree (rows) of the decoder's scheme with its probability."""
+    chains = []
+    for first in range(V):
+        for rest in itertools.product(range(V), repeat=L - 1):
+            row = (first, *rest)
+            chains.append((row, np.prod([Q[row[:t]][row[t]] for t in range(1, L)]) if L > 1 else 1.0))
+    if scheme == "iid":
+        for combo in itertools.product(chains, repeat=k):
+            pr = np.prod([Q[()][row[0]] * p for row, p in combo])
+            if pr > 0:
+                yield [row for row, _ in combo], pr
+        return
+    k = min(k, int((Q[()] > 0).sum()))
+    for firsts in itertools.permutations(range(V), k):
+        pr, left = 1.0, list(range(V))
+        for x in firsts:  # successive sampling: each draw renormalised over the tokens left (summed, not 1 - taken)
+            pr *= Q[()][x] / Q[()][left].sum()
+            left.remove(x)
+        if pr <= 0:
+            continue
+        for combo in itertools.product(*[[c for c in chains if c[0][0] == x] for x in firsts]):
+            p = pr * np.prod([c[1] for c in combo])
+            if p > 0:
+                yield [row for row, _ in combo], p
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_law_tables())
+def test_traversal_is_lossless_on_every_tree_of_random_law_tables(case):
+    """(The merged-tree bug fails this property within a few examples; the test below asserts it.)"""
+    _check_traversal_lossless(case)
+
+
+def _check_traversal_lossless(case):
+    V, k, L, scheme, P, Q = case
+    block: dict = {}
+    for rows, pr in _trees(V, k, L, scheme, Q):
+        tree = DraftTree.from_rows(rows, root_token=0)
+        prefix = {0: ()}
+        for n in range(1, tree.size):
+            prefix[n] = prefix[int(tree.parent[n])] + (int(tree.tokens[n]),)
+        law = traversal_law(tree, lambda n: torch.tensor(P[prefix[n]]), lambda n: torch.tensor(Q[prefix[n]]),
+                            root_without_replacement=scheme == "without_replacement")
+        assert abs(sum(law.values()) - 1.0) < 1e-9
+        for b, w in law.items():
+            block[b] = block.get(b, 0.0) + pr * w
+    assert lossless_violation(block, lambda s: P[s], L) < 1e-9
+
+
+def test_the_lossless_property_catches_the_merged_tree_bug():
+    """Negative control of the property above: one law table on which the merged-tree bug is not lossless."""
+    rng = np.random.default_rng(0)
+    V, k, L = 3, 2, 2
+    prefixes = [p for n in range(L + 2) for p in itertools.product(range(V), repeat=n)]
+    P, Q = ({p: rng.dirichlet(np.full(V, 0.7)) for p in prefixes} for _ in range(2))
+    _check_traversal_lossless((V, k, L, "iid", P, Q))
+    with mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only)):
+        with pytest.raises(AssertionError):
+            _check_traversal_lossless((V, k, L, "iid", P, Q))
