@@ -165,3 +165,65 @@ def test_monte_carlo_acceptance_at_full_vocabulary():
     a = bound.alpha_star
     half = 1.96 * np.sqrt(a * (1 - a) / n) + 1e-3
     assert abs(hits / n - a) < half, (hits / n, a, half)
+
+
+# (e) the grouped construction: tokens of nearly equal ratio share one race key ----------------
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("rounds", [0, 4])
+def test_grouped_law_exact_with_coarse_groups(seed, rounds, monkeypatch):
+    """One group per octave and no (or some) splitting: several tokens per group, position ties."""
+    monkeypatch.setattr(optimal, "GROUP_BITS", 0)
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+    rng = np.random.default_rng(300 + seed)
+    V, k = 6, 2 + seed % 2
+    target = rng.dirichlet(np.ones(V))
+    draft = target * rng.uniform(0.6, 1.4, V)  # ratios within about two octaves: groups of several tokens
+    draft /= draft.sum()
+    plan = optimal.build(target, draft, k)
+    assert plan.group.max() + 1 < V or rounds
+    # inside a group the selection law is proportional to the draft: x_i = x_G q_i / Q_G
+    for g in np.unique(plan.group):
+        members = plan.group == g
+        ratio = plan.x[members] / draft[members]
+        assert np.allclose(ratio, ratio[0], rtol=1e-12, atol=0)
+    scheme = IID(draft, k)
+    ev = evaluate(OPTIMAL, scheme, target)
+    assert ev.law_error < 1e-9
+    alpha = optimal_acceptance_of(scheme, target).value
+    assert ev.acceptance >= plan.acceptance - 1e-9  # the rule's acceptance is a lower bound ...
+    assert plan.acceptance <= alpha + 1e-12
+    assert plan.alpha_groups >= alpha - 1e-12  # ... and alpha_groups an upper bound on alpha*
+    assert plan.gap_bound >= alpha - plan.acceptance - 1e-12
+
+
+def test_grouped_selection_law_by_enumeration_of_passes(monkeypatch):
+    """selection_law's position-tie rule against brute force over the k pass uniforms."""
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
+    target = np.array([0.3, 0.3, 0.1, 0.1, 0.2])
+    draft = np.array([0.15, 0.15, 0.3, 0.3, 0.1])  # tokens 0,1 and 2,3 tie in ratio: one group each
+    plan = optimal.build(target, draft, 3)
+    assert plan.group[0] == plan.group[1] and plan.group[2] == plan.group[3]
+    d = np.array([1, 0, 3])
+    want = np.zeros(5)
+    for passes in np.ndindex(2, 2, 2):
+        pr = np.prod([plan.theta[t] if s == 0 else 1 - plan.theta[t] for t, s in zip(d, passes)])
+        keys = [plan.key1[t] if s == 0 else plan.key2[t] for t, s in zip(d, passes)]
+        want[d[int(np.argmin(keys))]] += pr
+    assert np.abs(optimal.selection_law(plan, d) - want).max() < 1e-15
+
+
+def test_grouped_reaches_alpha_star_and_matches_token_level_at_full_vocabulary():
+    rng = np.random.default_rng(7)
+    for k in (2, 4, 8):
+        target, draft = _peaked(rng, 49152, 4.0, 2.0)
+        plan = optimal.build(target, draft, k)
+        alpha = optimal_acceptance_of(IID(draft, k), target).value
+        assert plan.group.max() + 1 < 49152 // 4  # far fewer groups than tokens
+        assert abs(plan.acceptance - alpha) < 1e-12
+        assert abs(plan.gap_bound) < 1e-12
+        assert abs(plan.x.sum() - 1) < 1e-12
+
+
+def test_group_bits_checked():
+    with pytest.raises(OtmError, match="group_bits"):
+        optimal.build([0.5, 0.5], [0.5, 0.5], 2, group_bits=30)
