@@ -110,8 +110,9 @@ import numpy as np
 from ..laws import OtmError, check_k, check_law
 from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
 
-THETA_CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
-"""Fractions of the admissible split range tried per layer (the best acceptance wins)."""
+THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0)
+"""Fractions of the admissible split range tried per layer, in turn: a layer tries the next one
+only while its acceptance falls short of its share of alpha* (the first best one wins)."""
 
 NEWTON_STEPS = 12
 """Newton iterations for the per-token split equation (monotone from below; exits early)."""
@@ -327,7 +328,7 @@ def _layout(p: np.ndarray, q: np.ndarray, k: int):
         block[npos:] = sizes.size
         multi_blocks = np.flatnonzero(sizes >= 2)
         if multi_blocks.size:
-            x_s, theta_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, k)
+            x_s, theta_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k)
     x = np.empty(V)
     x[order] = x_s
     theta = np.empty(V)
@@ -341,20 +342,43 @@ def _layout(p: np.ndarray, q: np.ndarray, k: int):
     return x, theta, key1, key2
 
 
-def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, k):
-    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s)."""
+def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k):
+    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s).
+
+    Split candidates are tried in the order of :data:`THETA_CANDIDATES`, each on the layers whose
+    best acceptance so far falls short of :math:`\\sum \\min(\\lambda p, p)` over the layer.
+    """
+    x_s = x_s.copy()
+    theta_s = theta_s.copy()
+    todo = multi_blocks
+    best_acc = np.full(sizes.size, -np.inf)
+    cum_p = np.concatenate([[0.0], np.cumsum(ps)])
+    for f in THETA_CANDIDATES:
+        pos, acc, want, xx, th = _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, todo, k, f)
+        better = acc > best_acc[todo]
+        best_acc[todo] = np.where(better, acc, best_acc[todo])
+        take = np.repeat(better, sizes[todo])
+        x_s[pos[take]] = xx[take]
+        theta_s[pos[take]] = th[take]
+        todo = todo[best_acc[todo] < want * (1 - 1e-12)]
+        if not todo.size:
+            break
+    return x_s, theta_s
+
+
+def _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, multi_blocks, k, frac):
+    """One split candidate ``frac`` on the given layers: (positions, acceptance and its target
+    per layer, x and theta per position)."""
     a_idx = starts[multi_blocks]
     b_idx = starts[multi_blocks + 1]
     n_b = b_idx - a_idx
-    in_multi = np.repeat(sizes >= 2, sizes)
-    pos = np.flatnonzero(in_multi)  # sorted positions in multi-token layers
+    pos = np.repeat(a_idx - np.cumsum(n_b) + n_b, n_b) + np.arange(n_b.sum())  # their sorted positions
     which = np.repeat(np.arange(multi_blocks.size), n_b)
     first = np.zeros(pos.size, dtype=bool)
     first[np.concatenate([[0], np.cumsum(n_b)[:-1]])] = True
     cA = comp[a_idx][which]
     L = (comp[a_idx] - comp[b_idx])[which]
     Q = comp[a_idx][which] - comp[pos + 1]  # prefix mass of the layer up to this token (inclusive)
-    cum_p = np.concatenate([[0.0], np.cumsum(ps)])
     lam_t = lam[pos]
     Vt = lam_t * (cum_p[pos + 1] - cum_p[a_idx][which])
     pq, qq = ps[pos], qs[pos]
@@ -370,34 +394,26 @@ def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, 
     s_lo = np.clip(np.nan_to_num(s_lo, nan=0.0, neginf=0.0), 0.0, Lb)
     s_hi = np.clip(np.nan_to_num(s_hi, nan=0.0, neginf=0.0), s_lo, Lb)
     seg = np.concatenate([[0], np.cumsum(n_b)[:-1]])  # reduceat offsets
-    # every split candidate at once: axis 0 runs over THETA_CANDIDATES
-    f = np.asarray(THETA_CANDIDATES)[:, None]
-    S = (s_lo + f * (s_hi - s_lo))[:, which]  # [candidates, tokens]
+    S = (s_lo + frac * (s_hi - s_lo))[which]
     T = _split(cA, L, Q, Vt, S, k)
-    T_prev = np.where(first, 0.0, np.roll(T, 1, axis=-1))
+    T_prev = np.where(first, 0.0, np.roll(T, 1))
     with np.errstate(divide="ignore", invalid="ignore"):
         th = np.where(qq > 0, np.clip((T - T_prev) / np.where(qq > 0, qq, 1.0), 0.0, 1.0), 1.0)
     piece1 = th * qq
     piece2 = qq - piece1
-    c1 = np.cumsum(piece1, axis=-1)
-    T_end = c1 - np.repeat(c1[:, seg] - piece1[:, seg], n_b, axis=-1)  # within-layer cumulative pass-1 mass
-    c2 = np.cumsum(piece2, axis=-1)
-    U_end = c2 - np.repeat(c2[:, seg] - piece2[:, seg], n_b, axis=-1)
-    Theta = np.add.reduceat(piece1, seg, axis=-1)[:, which]
+    c1 = np.cumsum(piece1)
+    T_end = c1 - np.repeat(c1[seg] - piece1[seg], n_b)  # within-layer cumulative pass-1 mass
+    c2 = np.cumsum(piece2)
+    U_end = c2 - np.repeat(c2[seg] - piece2[seg], n_b)
+    Theta = np.add.reduceat(piece1, seg)[which]
     a1 = cA - (T_end - piece1)
     x1 = _dpow(a1, np.maximum(a1 - piece1, 0.0), piece1, k)
     a2 = cA - Theta - (U_end - piece2)
     x2 = _dpow(np.maximum(a2, 0.0), np.maximum(a2 - piece2, 0.0), piece2, k)
     xx = x1 + x2
-    acc = np.add.reduceat(np.minimum(xx, pq), seg, axis=-1)  # [candidates, layers]
-    best = np.argmax(acc, axis=0)[which]  # the first candidate of largest acceptance, per layer
-    best_x = np.take_along_axis(xx, best[None], 0)[0]
-    best_theta = np.take_along_axis(th, best[None], 0)[0]
-    x_s = x_s.copy()
-    theta_s = theta_s.copy()
-    x_s[pos] = best_x
-    theta_s[pos] = best_theta
-    return x_s, theta_s
+    acc = np.add.reduceat(np.minimum(xx, pq), seg)
+    want = np.add.reduceat(np.minimum(lam_t, 1.0) * pq, seg)
+    return pos, acc, want, xx, th
 
 
 def selection_law(plan: Plan, drafts: np.ndarray) -> np.ndarray:
