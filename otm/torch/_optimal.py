@@ -63,27 +63,27 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     ``p``, ``q`` float64 ``[batch, V]`` (rows summing to 1 up to rounding), ``d [batch, k]``.
     Returns ``(theta_d, key1_d, key2_d [batch, k], target, x, residual [batch, V])``: the
     target as :func:`otm.laws.check_law` normalises it, the plan's selection law and
-    ``(p - x)_+``. Rows with equal laws share one plan.
+    ``(p - x)_+``. Rows with equal laws share one plan; the race arrays are read at the
+    drafted tokens only.
     """
     batch, V = p.shape
-    if batch > 1 and (p == p[:1]).all() and (q == q[:1]).all():
-        first, inverse = np.zeros(1, dtype=np.int64), np.zeros(batch, dtype=np.int64)
-    else:
-        _, first, inverse = np.unique(np.concatenate([p, q], 1), axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-    targets, plans = [], []
-    for r in first:
-        pr = check_law(p[r], "target")  # numpy's check_inputs
-        targets.append(pr)
-        plans.append(_np_optimal.build(pr, check_law(q[r], "draft"), k))
-    theta = np.stack([pl.theta for pl in plans])[inverse]  # [batch, V]
-    key1 = np.stack([pl.key1 for pl in plans])[inverse]
-    key2 = np.stack([pl.key2 for pl in plans])[inverse]
-    rows = np.arange(batch)[:, None]
-    target = np.stack(targets)[inverse]
-    x = np.stack([pl.x for pl in plans])[inverse]
-    residual = np.stack([pl.residual for pl in plans])[inverse]
-    return theta[rows, d], key1[rows, d], key2[rows, d], target, x, residual
+    theta_d = np.empty((batch, k))
+    key1_d = np.empty((batch, k), dtype=np.int64)
+    key2_d = np.empty((batch, k), dtype=np.int64)
+    target = np.empty((batch, V))
+    x = np.empty((batch, V))
+    residual = np.empty((batch, V))
+    same = batch > 1 and bool((p == p[:1]).all() and (q == q[:1]).all())
+    seen: dict = {}
+    for r in range(batch):
+        key = 0 if same else (p[r].tobytes(), q[r].tobytes())
+        if key not in seen:
+            pr = check_law(p[r], "target")  # numpy's check_inputs
+            seen[key] = (pr, _np_optimal.build(pr, check_law(q[r], "draft"), k))
+        pr, plan = seen[key]
+        target[r], x[r], residual[r] = pr, plan.x, plan.residual
+        theta_d[r], key1_d[r], key2_d[r] = plan.theta[d[r]], plan.key1[d[r]], plan.key2[d[r]]
+    return theta_d, key1_d, key2_d, target, x, residual
 
 
 def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:

@@ -184,6 +184,9 @@ RATIO_RANGE = 60
 REFINE_ROUNDS = 4
 """Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
 
+SPLIT_TOLERANCE = 1e-12
+"""Straddling groups whose acceptance losses are together bounded by this are left whole."""
+
 
 def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
@@ -231,7 +234,9 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
     when no group *straddles*, i.e. has tokens on both sides of :math:`x_i = p_i`; a group
     of ratios in :math:`[lo, hi)` cannot straddle when :math:`x_G/Q_G \le lo` or
     :math:`\ge hi`. Straddling groups are split into single tokens (sorted: they are few)
-    and the groups rebuilt, up to :data:`REFINE_ROUNDS` times. The group race reaches
+    and the groups rebuilt, up to :data:`REFINE_ROUNDS` times; straddling groups whose losses
+    :math:`\\sum_i (p_i - x_i)_+ \\le Q_G (hi - x_G/Q_G)` add up to at most
+    :data:`SPLIT_TOLERANCE` stay whole. The group race reaches
     :math:`\alpha_G = 1 + \min_j g(D_j) - P_j` over the group boundaries (when its own
     layout reaches its optimum), and :math:`\alpha_G \ge \alpha^*` since fewer cuts are
     tried; so when nothing straddles, the acceptance equals :math:`\alpha^*`.
@@ -277,6 +282,12 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
         w_b = np.zeros(nb)
         w_b[whole] = w[base[whole]]
         straddle = whole & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+        # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
+        with np.errstate(invalid="ignore"):
+            loss = np.where(straddle, Q_b * (hi - w_b), 0.0)
+        cheap = np.flatnonzero(straddle)[np.argsort(loss[straddle])]
+        cheap = cheap[np.cumsum(loss[cheap]) <= SPLIT_TOLERANCE]
+        straddle[cheap] = False
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
         split |= straddle
