@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -181,11 +183,13 @@ def test_grouped_law_exact_with_coarse_groups(seed, rounds, monkeypatch):
     draft /= draft.sum()
     plan = optimal.build(target, draft, k)
     assert plan.group.max() + 1 < V or rounds
-    # inside a group the selection law is proportional to the draft: x_i = x_G q_i / Q_G
+    # inside a group the selection law is proportional to the draft (one theta: x_i = x_G q_i / Q_G)
+    # or, where the group spreads its passes over its tokens, to the target (x_i = lambda_G p_i)
     for g in np.unique(plan.group):
         members = plan.group == g
-        ratio = plan.x[members] / draft[members]
-        assert np.allclose(ratio, ratio[0], rtol=1e-12, atol=0)
+        by_q, by_p = plan.x[members] / draft[members], plan.x[members] / target[members]
+        one_theta = np.ptp(plan.theta[members]) == 0
+        assert np.allclose(by_q, by_q[0], rtol=1e-12, atol=0) if one_theta else np.allclose(by_p, by_p[0], rtol=1e-12, atol=0)
     scheme = IID(draft, k)
     ev = evaluate(OPTIMAL, scheme, target)
     assert ev.law_error < 1e-9
@@ -210,6 +214,23 @@ def test_grouped_selection_law_by_enumeration_of_passes(monkeypatch):
         keys = [plan.key1[t] if s == 0 else plan.key2[t] for t, s in zip(d, passes)]
         want[d[int(np.argmin(keys))]] += pr
     assert np.abs(optimal.selection_law(plan, d) - want).max() < 1e-15
+
+
+def test_group_spread_over_its_tokens_is_exact():
+    """A group of two tokens whose pass-1 share is spread by token (x_i = lambda p_i), by enumeration.
+
+    The case ``otm certify`` found when the plan kept the group's single theta while reporting the
+    spread law (output law off by 0.0039 at token 0): the enumeration below catches that bug.
+    """
+    target, draft = np.array([0.3, 0.25, 0.25, 0.2]), np.array([0.28, 0.27, 0.24, 0.21])
+    plan = optimal.build(target, draft, 2)
+    assert plan.group[0] == plan.group[2] and plan.theta[0] != plan.theta[2]
+    realised = np.zeros(4)
+    for d in itertools.product(range(4), repeat=2):
+        realised += np.prod(draft[list(d)]) * optimal.selection_law(plan, np.array(d))
+    assert np.abs(realised - plan.x).max() < 1e-15
+    ev = evaluate(OPTIMAL, IID(draft, 2), target)
+    assert ev.law_error < 1e-12 and abs(ev.acceptance - 1.0) < 1e-12
 
 
 def test_grouped_reaches_alpha_star_and_matches_token_level_at_full_vocabulary():

@@ -276,12 +276,24 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
             group[idx] += np.arange(idx.size) - first[b]
             P_g[group[idx]] = p[idx]
             Q_g[group[idx]] = q[idx]
-        x_g, theta_g, key1_g, key2_g = _layout(P_g, Q_g, k)
+        x_g, theta_g, key1_g, key2_g, x1_g = _layout(P_g, Q_g, k)
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
+        # a whole group with both passes can spread its pass-1 mass over its tokens so that
+        # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
+        gw = base[whole]
+        th_G, X_G, X1_G = theta_g[gw], x_g[gw], x1_g[gw]
+        both = (n_b[whole] >= 2) & (th_G > 0) & (th_G < 1) & (P_b[whole] > 0) & (Q_b[whole] > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_G = X1_G / (th_G * Q_b[whole])
+            b_G = (X_G - X1_G) / ((1.0 - th_G) * Q_b[whole])
+            lam_G = X_G / P_b[whole]
+            ok = both & (b_G <= lam_G * lo[whole]) & (lam_G * hi[whole] <= a_G) & (a_G > b_G)
+        spread = np.zeros(nb, dtype=bool)
+        spread[whole] = ok
         w_b = np.zeros(nb)
-        w_b[whole] = w[base[whole]]
-        straddle = whole & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+        w_b[whole] = w[gw]
+        straddle = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
         # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
         with np.errstate(invalid="ignore"):
             loss = np.where(straddle, Q_b * (hi - w_b), 0.0)
@@ -292,12 +304,21 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
             break
         split |= straddle
     x = w[group] * q
+    theta = theta_g[group]
+    if spread.any():
+        tok = np.flatnonzero(spread[gid])
+        ab = np.zeros((3, nb))
+        ab[:, whole] = a_G, b_G, lam_G
+        a_t, b_t, lam_t = ab[:, gid[tok]]
+        th = np.clip((lam_t * (p[tok] / q[tok]) - b_t) / (a_t - b_t), 0.0, 1.0)
+        theta[tok] = th
+        x[tok] = q[tok] * (b_t + th * (a_t - b_t))
     comp = np.zeros(G + 1)
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
     acc = float(np.minimum(x, p).sum())
-    return Plan(x, theta_g[group], key1_g[group], key2_g[group], acc, np.maximum(p - x, 0.0), group, alpha_g)
+    return Plan(x, theta, key1_g[group], key2_g[group], acc, np.maximum(p - x, 0.0), group, alpha_g)
 
 
 def build_tokens(target, draft, k: int) -> Plan:
@@ -309,13 +330,14 @@ def build_tokens(target, draft, k: int) -> Plan:
     p = check_law(target, "target")
     q = check_law(draft, "draft", size=p.size)
     k = check_k(k)
-    x, theta, key1, key2 = _layout(p, q, k)
+    x, theta, key1, key2, _ = _layout(p, q, k)
     acc = float(np.minimum(x, p).sum())
     return Plan(x, theta, key1, key2, acc, np.maximum(p - x, 0.0))
 
 
 def _layout(p: np.ndarray, q: np.ndarray, k: int):
-    """``(x, theta, key1, key2)`` of the layered two-pass race over the entries of ``p``, ``q``."""
+    """``(x, theta, key1, key2, x1)`` of the layered two-pass race over the entries of ``p``, ``q``
+    (``x1``: the part of ``x`` selected in pass 1)."""
     from scipy.optimize import isotonic_regression
 
     V = p.size
@@ -328,6 +350,7 @@ def _layout(p: np.ndarray, q: np.ndarray, k: int):
     comp[:V] = np.cumsum(qs[::-1])[::-1]
     x_s = _dpow(comp[:-1], comp[1:], qs, k)  # the plain ratio-order priority
     theta_s = np.ones(V)
+    x1_s = x_s
     block = np.arange(V)  # layer index of each sorted position
     if k >= 2 and npos >= 2:
         slope = x_s[:npos] / ps[:npos]
@@ -339,7 +362,7 @@ def _layout(p: np.ndarray, q: np.ndarray, k: int):
         block[npos:] = sizes.size
         multi_blocks = np.flatnonzero(sizes >= 2)
         if multi_blocks.size:
-            x_s, theta_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k)
+            x_s, theta_s, x1_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k)
     x = np.empty(V)
     x[order] = x_s
     theta = np.empty(V)
@@ -350,31 +373,35 @@ def _layout(p: np.ndarray, q: np.ndarray, k: int):
     blk[order] = block
     key1 = (2 * blk) * V + rank
     key2 = (2 * blk + 1) * V + rank
-    return x, theta, key1, key2
+    x1 = np.empty(V)
+    x1[order] = x1_s
+    return x, theta, key1, key2, x1
 
 
 def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k):
-    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s).
+    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s, x1_s).
 
     Split candidates are tried in the order of :data:`THETA_CANDIDATES`, each on the layers whose
     best acceptance so far falls short of :math:`\\sum \\min(\\lambda p, p)` over the layer.
     """
     x_s = x_s.copy()
     theta_s = theta_s.copy()
+    x1_s = x_s.copy()
     todo = multi_blocks
     best_acc = np.full(sizes.size, -np.inf)
     cum_p = np.concatenate([[0.0], np.cumsum(ps)])
     for f in THETA_CANDIDATES:
-        pos, acc, want, xx, th = _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, todo, k, f)
+        pos, acc, want, xx, th, x1 = _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, todo, k, f)
         better = acc > best_acc[todo]
         best_acc[todo] = np.where(better, acc, best_acc[todo])
         take = np.repeat(better, sizes[todo])
         x_s[pos[take]] = xx[take]
         theta_s[pos[take]] = th[take]
+        x1_s[pos[take]] = x1[take]
         todo = todo[best_acc[todo] < want * (1 - 1e-12)]
         if not todo.size:
             break
-    return x_s, theta_s
+    return x_s, theta_s, x1_s
 
 
 def _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, multi_blocks, k, frac):
@@ -424,7 +451,7 @@ def _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, multi_blocks, k, frac):
     xx = x1 + x2
     acc = np.add.reduceat(np.minimum(xx, pq), seg)
     want = np.add.reduceat(np.minimum(lam_t, 1.0) * pq, seg)
-    return pos, acc, want, xx, th
+    return pos, acc, want, xx, th, x1
 
 
 def selection_law(plan: Plan, drafts: np.ndarray) -> np.ndarray:
