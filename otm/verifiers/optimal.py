@@ -191,28 +191,24 @@ SPLIT_TOLERANCE = 1e-12
 def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
 
-    Id 0 holds the tokens with ``q = 0 < p`` (ratio infinite), the last id the tokens with
-    ``p = 0``; in between, a group is a ``2**-bits`` octave slice of the ratio, read from the
-    float64 bit pattern (monotone in the value for positive floats), so groups are
-    consecutive in the ratio order and finding them needs no sort: O(V).
+    A group is a ``2**-bits`` octave slice of the ratio :math:`p/q`, read from the float64 bit
+    pattern (monotone in the value for positive floats), so groups are consecutive in the ratio
+    order and finding them needs no sort: O(V). Ratios above ``2**RATIO_RANGE`` (with ``q = 0``)
+    share group 0, ratios below ``2**-RATIO_RANGE`` (with ``p = 0``) the last group; ``p = q = 0``
+    tokens go to group 0, where they are never selected.
     """
     shift = 52 - bits
     lo_code = (1023 - RATIO_RANGE) << bits
     hi_code = (1023 + RATIO_RANGE) << bits
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.clip(p / q, 2.0**-RATIO_RANGE, 2.0**RATIO_RANGE)
-    code = r.view(np.int64) >> shift  # in [lo_code, hi_code]
-    n_codes = hi_code - lo_code + 1
-    gid = (hi_code + 1) - code  # 1 .. n_codes, descending ratio
-    gid[q == 0] = 0
-    gid[p == 0] = n_codes + 1
-    codes = hi_code + 1 - np.arange(n_codes + 2)
-    lo = (np.clip(codes, lo_code, hi_code) << shift).view(np.float64)
-    hi = (np.clip(codes + 1, lo_code, hi_code + 1) << shift).view(np.float64)
-    lo[n_codes] = 0.0  # the lowest ratio group holds everything below its top
-    hi[1] = np.inf  # the highest everything above its bottom
-    lo[0], hi[0] = np.inf, np.inf
-    lo[-1], hi[-1] = 0.0, 0.0
+        code = (p / q).view(np.int64) >> shift  # +inf and nan above hi_code, 0 below lo_code
+    np.clip(code, lo_code, hi_code, out=code)
+    gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
+    codes = hi_code - np.arange(hi_code - lo_code + 1)
+    lo = (codes << shift).view(np.float64)
+    hi = ((codes + 1) << shift).view(np.float64)
+    lo[-1] = 0.0  # the lowest group holds everything below its top
+    hi[0] = np.inf  # the highest everything above its bottom
     return gid, lo, hi
 
 
@@ -303,16 +299,18 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
         split |= straddle
-    x = w[group] * q
-    theta = theta_g[group]
-    if spread.any():
-        tok = np.flatnonzero(spread[gid])
-        ab = np.zeros((3, nb))
-        ab[:, whole] = a_G, b_G, lam_G
-        a_t, b_t, lam_t = ab[:, gid[tok]]
-        th = np.clip((lam_t * (p[tok] / q[tok]) - b_t) / (a_t - b_t), 0.0, 1.0)
-        theta[tok] = th
-        x[tok] = q[tok] * (b_t + th * (a_t - b_t))
+    # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i x1): one theta and x_i = w q_i,
+    # or, where the group spreads (whole buckets only), theta_i = (lambda r_i - b)/(a - b)
+    t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
+    sp = spread[whole]
+    gs = gw[sp]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1[gs] = (lam_G / (a_G - b_G))[sp]
+        t0[gs] = (-b_G / (a_G - b_G))[sp]
+    x0[gs], xd[gs] = b_G[sp], (a_G - b_G)[sp]
+    r = p / np.where(q > 0, q, 1.0)
+    theta = np.clip(t1[group] * r + t0[group], 0.0, 1.0)
+    x = q * (x0[group] + theta * xd[group])
     comp = np.zeros(G + 1)
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
