@@ -143,10 +143,15 @@ def _x_off(plans):
     """Bug: the selection law used by the accept test and the residual is 10% high at token 0."""
 
     def wrapped(p, q, d, k):
-        theta_d, key1_d, key2_d, target, x, residual = plans(p, q, d, k)
-        x = x.copy()
-        x[:, 0] *= 1.1
-        return theta_d, key1_d, key2_d, target, x, np.maximum(target - x, 0.0)
+        theta_d, key1_d, key2_d, target_d, x_d, laws = plans(p, q, d, k)
+
+        def bad_laws(rows):
+            target, x = laws(rows)
+            x = x.copy()
+            x[:, 0] *= 1.1
+            return target, x
+
+        return theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_laws
 
     return wrapped
 

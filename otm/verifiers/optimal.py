@@ -103,6 +103,7 @@ the Newton passes dominate (argsort ~1.5 ms, isotonic ~1.2 ms).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,7 +213,68 @@ def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     return gid, lo, hi
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One position's grouped rule (:func:`rule`), evaluated lazily.
+
+    Per token asked: O(1) (its group from its ratio's bits, then the group's coefficients:
+    ``theta_i = clip(t1 r_i + t0, 0, 1)``, ``x_i = q_i (x0 + theta_i xd)``); the whole residual
+    ``(p - x)_+`` costs O(V) and is needed only after a rejection.
+    """
+
+    target: np.ndarray  # [V] normalised target
+    draft: np.ndarray  # [V] normalised draft
+    gid: np.ndarray  # [V] ratio bucket of each token
+    base: np.ndarray  # [buckets] group of each whole bucket
+    split_tok: np.ndarray  # [m] tokens of split buckets, ascending
+    split_grp: np.ndarray  # [m] their groups
+    t1: np.ndarray  # [G] theta_i = clip(t1 r_i + t0, 0, 1)
+    t0: np.ndarray
+    x0: np.ndarray  # [G] x_i = q_i (x0 + theta_i xd)
+    xd: np.ndarray
+    key1: np.ndarray  # [G] race key in pass 1 (smaller wins)
+    key2: np.ndarray  # [G] race key in pass 2
+    acceptance: float  # sum min(x, target), from the groups
+    alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+
+    def groups(self, tokens=None) -> np.ndarray:
+        """Group of each token asked (all tokens when ``tokens`` is None)."""
+        if tokens is None:
+            g = self.base[self.gid]
+            g[self.split_tok] = self.split_grp
+            return g
+        tokens = np.asarray(tokens, dtype=np.int64)
+        g = self.base[self.gid[tokens]]
+        if self.split_tok.size:
+            j = np.minimum(np.searchsorted(self.split_tok, tokens), self.split_tok.size - 1)
+            g = np.where(self.split_tok[j] == tokens, self.split_grp[j], g)
+        return g
+
+    def at(self, tokens=None):
+        """``(theta, key1, key2, x)`` at the tokens asked (all tokens when None)."""
+        g = self.groups(tokens)
+        p = self.target if tokens is None else self.target[tokens]
+        q = self.draft if tokens is None else self.draft[tokens]
+        theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
+        return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
+
+    def residual(self) -> np.ndarray:
+        """``(target - x)_+`` over the vocabulary, unnormalised: O(V)."""
+        return np.maximum(self.target - self.at()[3], 0.0)
+
+    def plan(self) -> Plan:
+        """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
+        theta, key1, key2, x = self.at()
+        return Plan(x, theta, key1, key2, self.acceptance, np.maximum(self.target - x, 0.0),
+                    self.groups(), self.alpha_groups)
+
+
 def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
+    """The selection rule for one position, every token's arrays at once: ``rule(...).plan()``."""
+    return rule(target, draft, k, group_bits=group_bits).plan()
+
+
+def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
     r"""The selection rule for one position, racing groups of tokens of nearly equal ratio.
 
     Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` per
@@ -241,7 +303,11 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
     """
     p = check_law(target, "target")
     q = check_law(draft, "draft", size=p.size)
-    k = check_k(k)
+    return _rule(p, q, check_k(k), group_bits)
+
+
+def _rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -> Rule:
+    """:func:`rule` on checked, normalised float64 laws."""
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
         raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
@@ -252,6 +318,7 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
     Q_b = np.bincount(gid, weights=q, minlength=nb)
     split = np.zeros(nb, dtype=bool)
     nonempty = n_b > 0
+    idx = split_grp = np.zeros(0, dtype=np.int64)
     for round_ in range(REFINE_ROUNDS + 1):
         size = np.where(split, n_b, nonempty.astype(np.int64))  # groups each bucket becomes
         base = np.cumsum(size) - size
@@ -261,7 +328,6 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
         whole = nonempty & ~split
         P_g[base[whole]] = P_b[whole]
         Q_g[base[whole]] = Q_b[whole]
-        group = base[gid]
         if split.any():
             idx = np.flatnonzero(split[gid])
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -269,9 +335,9 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
             idx = idx[np.argsort(-r_idx, kind="stable")]  # buckets are ratio slices: bucket order kept
             b = gid[idx]
             first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
-            group[idx] += np.arange(idx.size) - first[b]
-            P_g[group[idx]] = p[idx]
-            Q_g[group[idx]] = q[idx]
+            split_grp = base[b] + np.arange(idx.size) - first[b]
+            P_g[split_grp] = p[idx]
+            Q_g[split_grp] = q[idx]
         x_g, theta_g, key1_g, key2_g, x1_g = _layout(P_g, Q_g, k)
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
@@ -299,7 +365,7 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
         split |= straddle
-    # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i x1): one theta and x_i = w q_i,
+    # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
     # or, where the group spreads (whole buckets only), theta_i = (lambda r_i - b)/(a - b)
     t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
     sp = spread[whole]
@@ -308,15 +374,22 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
         t1[gs] = (lam_G / (a_G - b_G))[sp]
         t0[gs] = (-b_G / (a_G - b_G))[sp]
     x0[gs], xd[gs] = b_G[sp], (a_G - b_G)[sp]
-    r = p / np.where(q > 0, q, 1.0)
-    theta = np.clip(t1[group] * r + t0[group], 0.0, 1.0)
-    x = q * (x0[group] + theta * xd[group])
     comp = np.zeros(G + 1)
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    acc = float(np.minimum(x, p).sum())
-    return Plan(x, theta, key1_g[group], key2_g[group], acc, np.maximum(p - x, 0.0), group, alpha_g)
+    order = np.argsort(idx)
+    out = Rule(p, q, gid, base, idx[order], split_grp[order], t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
+    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
+    acc_g = np.minimum(x_g, P_g)
+    left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+    acc = float(acc_g.sum())
+    if left.any():
+        tok = np.flatnonzero(left[gid])
+        x_t = out.at(tok)[3]
+        acc += float(np.minimum(x_t, p[tok]).sum()) - float(acc_g[base[left]].sum())
+    return dataclasses.replace(out, acceptance=acc)
 
 
 def build_tokens(target, draft, k: int) -> Plan:
@@ -504,9 +577,25 @@ def law(target, draft, drafts) -> np.ndarray:
 
 
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
-    """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected."""
+    """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected.
+
+    The rule is evaluated lazily (:class:`Rule`): at the k drafts, and over the vocabulary only
+    for the residual after a rejection; same decisions as :func:`_sample` on ``rule.plan()``.
+    """
     target, draft, d = check_inputs(target, draft, drafts)
-    return _sample(build(target, draft, d.size), target, d, rng)
+    return _sample_rule(_rule(target, draft, d.size), d, rng)
+
+
+def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
+    u = rng.random(d.size)
+    theta, key1, key2, x = rl.at(d)
+    i = int(np.argmin(np.where(u < theta, key1, key2)))
+    y = int(d[i])
+    if accept(rng, rl.target[y], x[i]):
+        return Outcome(y, i)
+    z = residual_sample(rng, rl.residual(), rl.target)
+    hit = np.flatnonzero(d == z)
+    return Outcome(z, int(hit[0]) if hit.size else None)
 
 
 def acceptance(target, draft, k: int) -> float:
@@ -554,4 +643,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "OptimalBound", "build", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "selection_law", "law", "sample", "acceptance", "bind"]
