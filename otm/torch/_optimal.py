@@ -78,14 +78,15 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     # numbers (a row's sum is the same pairwise sum); the values were checked by `validate`
     p = p / p.sum(axis=1, keepdims=True)
     q = q / q.sum(axis=1, keepdims=True)
-    seen: dict = {}
-    rules = []
-    for r in range(batch):
-        key = 0 if same else (p[r].tobytes(), q[r].tobytes())
-        if key not in seen:
-            seen[key] = _np_optimal._rule(p[r], q[r], k)
-        rl = seen[key]
-        rules.append(rl)
+    if same:
+        first, inverse = [0], np.zeros(batch, dtype=np.int64)
+    else:
+        seen: dict = {}
+        inverse = np.array([seen.setdefault((p[r].tobytes(), q[r].tobytes()), len(seen)) for r in range(batch)])
+        first = np.unique(inverse, return_index=True)[1]
+    distinct = _np_optimal.rules(p[first], q[first], k)  # group layouts of all rows solved together
+    rules = [distinct[i] for i in inverse]
+    for r, rl in enumerate(rules):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
         target_d[r] = rl.target[d[r]]
 

@@ -162,17 +162,17 @@ def _split(cA, L, Q, Vt, theta_split, k):
     a_min, a_max = cA - hi, cA - lo
     a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
+    live = np.ones(a.shape, dtype=bool)
     for _ in range(NEWTON_STEPS):
         b = np.maximum(W - a, 0.0)
         over = a**k + b**k - C
         d = k * (a ** (k - 1) - b ** (k - 1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where((over > 0) & (d > 0), over / d, 0.0)
-        new = np.maximum(a - step, a_min)
-        if not np.any(step > tol * a):
-            a = new
+            step = np.where(live & (over > 0) & (d > 0), over / d, 0.0)
+        a = np.maximum(a - step, a_min)
+        live &= step > tol * a  # an entry stops after its first step below tolerance (its own result
+        if not live.any():  # whatever else is solved beside it)
             break
-        a = new
     return cA - a
 
 
@@ -308,6 +308,34 @@ def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
 
 def _rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -> Rule:
     """:func:`rule` on checked, normalised float64 laws."""
+    return _drive([_rule_steps(p, q, k, group_bits)], k)[0]
+
+
+def rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[Rule]:
+    """:func:`rule` of every row of ``targets``, ``drafts`` (float64 ``[rows, V]``, each row normalised
+    and checked), the rows' group layouts solved together (:func:`_layout_rows`): each row's rule is
+    the one :func:`rule` gives it alone, bit for bit."""
+    return _drive([_rule_steps(t, d, k, None) for t, d in zip(targets, drafts)], k)
+
+
+def _drive(steps, k: int) -> list[Rule]:
+    """Run :func:`_rule_steps` generators in lock step: each round's group layouts in one call."""
+    out: list = [None] * len(steps)
+    pending = {i: next(s) for i, s in enumerate(steps)}
+    while pending:
+        ids = list(pending)
+        layouts = _layout_rows([pending[i][0] for i in ids], [pending[i][1] for i in ids], k)
+        pending = {}
+        for i, lay in zip(ids, layouts):
+            try:
+                pending[i] = steps[i].send(lay)
+            except StopIteration as done:
+                out[i] = done.value
+    return out
+
+
+def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
+    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout."""
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
         raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
@@ -338,7 +366,7 @@ def _rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -
             split_grp = base[b] + np.arange(idx.size) - first[b]
             P_g[split_grp] = p[idx]
             Q_g[split_grp] = q[idx]
-        x_g, theta_g, key1_g, key2_g, x1_g = _layout(P_g, Q_g, k)
+        x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
         # a whole group with both passes can spread its pass-1 mass over its tokens so that
@@ -409,47 +437,84 @@ def build_tokens(target, draft, k: int) -> Plan:
 def _layout(p: np.ndarray, q: np.ndarray, k: int):
     """``(x, theta, key1, key2, x1)`` of the layered two-pass race over the entries of ``p``, ``q``
     (``x1``: the part of ``x`` selected in pass 1)."""
+    return _layout_rows([p], [q], k)[0]
+
+
+def _row_cumsum(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Cumulative sums restarted at every row (rows are ``values[bounds[r]:bounds[r + 1]]``), each
+    row's sums computed from that row alone (so a row's numbers do not depend on the others)."""
+    out = np.empty_like(values)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        np.cumsum(values[a:b], out=out[a:b])
+    return out
+
+
+def _layout_rows(Ps, Qs, k: int):
+    """:func:`_layout` of several rows at once: elementwise work on all rows together, every
+    order-dependent step (sort, cumulative sums, isotonic regression) row by row, so each row's
+    result is the one it gets alone, bit for bit."""
     from scipy.optimize import isotonic_regression
 
-    V = p.size
+    n_r = np.array([P.size for P in Ps])
+    bounds = np.concatenate([[0], np.cumsum(n_r)])
+    N = int(bounds[-1])
+    p, q = np.concatenate(Ps), np.concatenate(Qs)
+    row = np.repeat(np.arange(n_r.size), n_r)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.argsort(np.where(p > 0, -ratio, np.inf), kind="stable")
-    npos = int(np.count_nonzero(p))
+    order = np.lexsort((np.where(p > 0, -ratio, np.inf), row))  # stable: ties keep their index order
     ps, qs = p[order], q[order]
-    comp = np.zeros(V + 1)  # comp[j] = 1 - D_j, from the small end
-    comp[:V] = np.cumsum(qs[::-1])[::-1]
-    x_s = _dpow(comp[:-1], comp[1:], qs, k)  # the plain ratio-order priority
-    theta_s = np.ones(V)
+    # comp_lo[j] = 1 - D_{j-1}, comp_hi[j] = 1 - D_j within the row, from the small end
+    comp_lo = _row_cumsum(qs[::-1], (N - bounds)[::-1])[::-1]
+    comp_hi = np.zeros(N)
+    last = bounds[1:] - 1
+    comp_hi[:-1] = comp_lo[1:]
+    comp_hi[last] = 0.0
+    x_s = _dpow(comp_lo, comp_hi, qs, k)  # the plain ratio-order priority
+    theta_s = np.ones(N)
     x1_s = x_s
-    block = np.arange(V)  # layer index of each sorted position
-    if k >= 2 and npos >= 2:
-        slope = x_s[:npos] / ps[:npos]
-        iso = isotonic_regression(slope, weights=ps[:npos], increasing=True)
-        lam = iso.x
-        starts = np.asarray(iso.blocks)
+    block = np.arange(N)  # layer of each sorted position (ids unique over all rows)
+    lam = np.zeros(N)
+    starts_all, sizes_all = [], []
+    if k >= 2:
+        for r in range(n_r.size):
+            a, b = bounds[r], bounds[r + 1]
+            npos = int(np.count_nonzero(ps[a:b]))
+            if npos < 2:
+                starts_all.append(np.arange(a, b))
+                continue
+            iso = isotonic_regression(x_s[a : a + npos] / ps[a : a + npos], weights=ps[a : a + npos], increasing=True)
+            lam[a : a + npos] = iso.x
+            st = a + np.asarray(iso.blocks)[:-1]
+            starts_all.append(np.concatenate([st, np.arange(a + npos, b)]))
+        starts = np.concatenate(starts_all + [[N]]).astype(np.int64)
         sizes = np.diff(starts)
-        block[:npos] = np.repeat(np.arange(sizes.size), sizes)
-        block[npos:] = sizes.size
+        block = np.repeat(np.arange(sizes.size), sizes)
         multi_blocks = np.flatnonzero(sizes >= 2)
         if multi_blocks.size:
-            x_s, theta_s, x1_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k)
-    x = np.empty(V)
-    x[order] = x_s
-    theta = np.empty(V)
-    theta[order] = theta_s
-    rank = np.empty(V, dtype=np.int64)
-    rank[order] = np.arange(V)
-    blk = np.empty(V, dtype=np.int64)
-    blk[order] = block
-    key1 = (2 * blk) * V + rank
-    key2 = (2 * blk + 1) * V + rank
-    x1 = np.empty(V)
-    x1[order] = x1_s
-    return x, theta, key1, key2, x1
+            cum_p = _row_cumsum(ps, bounds) - ps  # P before each position, within its row
+            x_s, theta_s, x1_s = _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks,
+                                         row, bounds, x_s, theta_s, k)
+    out = []
+    for r in range(n_r.size):
+        a, b = bounds[r], bounds[r + 1]
+        V = b - a
+        o = order[a:b] - a
+        x = np.empty(V)
+        x[o] = x_s[a:b]
+        theta = np.empty(V)
+        theta[o] = theta_s[a:b]
+        x1 = np.empty(V)
+        x1[o] = x1_s[a:b]
+        rank = np.empty(V, dtype=np.int64)
+        rank[o] = np.arange(V)
+        blk = np.empty(V, dtype=np.int64)
+        blk[o] = block[a:b] - block[a]
+        out.append((x, theta, (2 * blk) * V + rank, (2 * blk + 1) * V + rank, x1))
+    return out
 
 
-def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k):
+def _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, row, bounds, x_s, theta_s, k):
     """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s, x1_s).
 
     Split candidates are tried in the order of :data:`THETA_CANDIDATES`, each on the layers whose
@@ -460,9 +525,8 @@ def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k):
     x1_s = x_s.copy()
     todo = multi_blocks
     best_acc = np.full(sizes.size, -np.inf)
-    cum_p = np.concatenate([[0.0], np.cumsum(ps)])
     for f in THETA_CANDIDATES:
-        pos, acc, want, xx, th, x1 = _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, todo, k, f)
+        pos, acc, want, xx, th, x1 = _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, todo, row, k, f)
         better = acc > best_acc[todo]
         best_acc[todo] = np.where(better, acc, best_acc[todo])
         take = np.repeat(better, sizes[todo])
@@ -475,34 +539,36 @@ def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, x_s, theta_s, k):
     return x_s, theta_s, x1_s
 
 
-def _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, multi_blocks, k, frac):
+def _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, row, k, frac):
     """One split candidate ``frac`` on the given layers: (positions, acceptance and its target
-    per layer, x and theta per position)."""
+    per layer, x, theta and the pass-1 part of x per position). Sums run within each row."""
     a_idx = starts[multi_blocks]
-    b_idx = starts[multi_blocks + 1]
-    n_b = b_idx - a_idx
+    n_b = sizes[multi_blocks]
+    e_idx = a_idx + n_b - 1  # last position of each layer
     pos = np.repeat(a_idx - np.cumsum(n_b) + n_b, n_b) + np.arange(n_b.sum())  # their sorted positions
     which = np.repeat(np.arange(multi_blocks.size), n_b)
+    seg = np.concatenate([[0], np.cumsum(n_b)[:-1]])  # reduceat offsets
     first = np.zeros(pos.size, dtype=bool)
-    first[np.concatenate([[0], np.cumsum(n_b)[:-1]])] = True
-    cA = comp[a_idx][which]
-    L = (comp[a_idx] - comp[b_idx])[which]
-    Q = comp[a_idx][which] - comp[pos + 1]  # prefix mass of the layer up to this token (inclusive)
+    first[seg] = True
+    r_pos = row[pos]
+    rb = np.concatenate([[0], np.flatnonzero(np.diff(r_pos)) + 1, [pos.size]])  # row bounds in `pos`
+    cA = comp_lo[a_idx][which]
+    L = (comp_lo[a_idx] - comp_hi[e_idx])[which]
+    Q = cA - comp_hi[pos]  # prefix mass of the layer up to this token (inclusive)
     lam_t = lam[pos]
-    Vt = lam_t * (cum_p[pos + 1] - cum_p[a_idx][which])
+    Vt = lam_t * ((cum_p[pos] + ps[pos]) - cum_p[a_idx][which])
     pq, qq = ps[pos], qs[pos]
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.where(qq > 0, lam_t * pq / np.where(qq > 0, qq, 1.0), np.inf)
     last = np.concatenate([first[1:], [True]])
     v_first = v[first]
     v_last = v[last]
-    cAb, Lb = comp[a_idx], comp[a_idx] - comp[b_idx]
+    cAb, Lb = comp_lo[a_idx], comp_lo[a_idx] - comp_hi[e_idx]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s_lo = cAb - np.minimum(v_first / k, 1e300) ** (1.0 / (k - 1))
         s_hi = cAb - (v_last / k) ** (1.0 / (k - 1))
     s_lo = np.clip(np.nan_to_num(s_lo, nan=0.0, neginf=0.0), 0.0, Lb)
     s_hi = np.clip(np.nan_to_num(s_hi, nan=0.0, neginf=0.0), s_lo, Lb)
-    seg = np.concatenate([[0], np.cumsum(n_b)[:-1]])  # reduceat offsets
     S = (s_lo + frac * (s_hi - s_lo))[which]
     T = _split(cA, L, Q, Vt, S, k)
     T_prev = np.where(first, 0.0, np.roll(T, 1))
@@ -510,9 +576,9 @@ def _layers_at(ps, qs, comp, cum_p, lam, starts, sizes, multi_blocks, k, frac):
         th = np.where(qq > 0, np.clip((T - T_prev) / np.where(qq > 0, qq, 1.0), 0.0, 1.0), 1.0)
     piece1 = th * qq
     piece2 = qq - piece1
-    c1 = np.cumsum(piece1)
+    c1 = _row_cumsum(piece1, rb)
     T_end = c1 - np.repeat(c1[seg] - piece1[seg], n_b)  # within-layer cumulative pass-1 mass
-    c2 = np.cumsum(piece2)
+    c2 = _row_cumsum(piece2, rb)
     U_end = c2 - np.repeat(c2[seg] - piece2[seg], n_b)
     Theta = np.add.reduceat(piece1, seg)[which]
     a1 = cA - (T_end - piece1)
@@ -643,4 +709,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
