@@ -80,10 +80,19 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     q = q / q.sum(axis=1, keepdims=True)
     if same:
         first, inverse = [0], np.zeros(batch, dtype=np.int64)
-    else:
+    else:  # equal rows share a rule: a fingerprint of every 97th mass, then a full comparison
         seen: dict = {}
-        inverse = np.array([seen.setdefault((p[r].tobytes(), q[r].tobytes()), len(seen)) for r in range(batch)])
-        first = np.unique(inverse, return_index=True)[1]
+        first, inverse = [], np.empty(batch, dtype=np.int64)
+        for r in range(batch):
+            bucket = seen.setdefault((p[r, ::97].tobytes(), q[r, ::97].tobytes()), [])
+            for j in bucket:
+                if np.array_equal(p[r], p[first[j]]) and np.array_equal(q[r], q[first[j]]):
+                    inverse[r] = j
+                    break
+            else:
+                bucket.append(len(first))
+                inverse[r] = len(first)
+                first.append(r)
     distinct = _np_optimal.rules(p[first], q[first], k)  # group layouts of all rows solved together
     rules = [distinct[i] for i in inverse]
     for r, rl in enumerate(rules):

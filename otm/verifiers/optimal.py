@@ -163,16 +163,17 @@ def _split(cA, L, Q, Vt, theta_split, k):
     a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
     live = np.ones(a.shape, dtype=bool)
-    for _ in range(NEWTON_STEPS):
-        b = np.maximum(W - a, 0.0)
-        over = a**k + b**k - C
-        d = k * (a ** (k - 1) - b ** (k - 1))
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(NEWTON_STEPS):
+            b = np.maximum(W - a, 0.0)
+            ak1, bk1 = a ** (k - 1), b ** (k - 1)
+            over = a * ak1 + b * bk1 - C
+            d = k * (ak1 - bk1)
             step = np.where(live & (over > 0) & (d > 0), over / d, 0.0)
-        a = np.maximum(a - step, a_min)
-        live &= step > tol * a  # an entry stops after its first step below tolerance (its own result
-        if not live.any():  # whatever else is solved beside it)
-            break
+            a = np.maximum(a - step, a_min)
+            live &= step > tol * a  # an entry stops after its first step below tolerance (its own
+            if not live.any():  # result, whatever else is solved beside it)
+                break
     return cA - a
 
 
@@ -347,6 +348,15 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     split = np.zeros(nb, dtype=bool)
     nonempty = n_b > 0
     idx = split_grp = np.zeros(0, dtype=np.int64)
+    # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
+    # (these are the groups that straddle): split them from the start, saving a round
+    filled = np.flatnonzero(nonempty)
+    after = np.cumsum(Q_b[filled][::-1])[::-1] - Q_b[filled]  # draft mass after each bucket
+    gain = np.cumsum(P_b[filled]) - (1.0 - after**k)  # P_j - g(D_j) at each bucket's end
+    j = int(np.argmax(gain))
+    if gain[j] > 0 and REFINE_ROUNDS > 0:
+        around = filled[j : j + 2]
+        split[around[n_b[around] >= 2]] = True
     for round_ in range(REFINE_ROUNDS + 1):
         size = np.where(split, n_b, nonempty.astype(np.int64))  # groups each bucket becomes
         base = np.cumsum(size) - size
