@@ -248,3 +248,31 @@ def test_grouped_reaches_alpha_star_and_matches_token_level_at_full_vocabulary()
 def test_group_bits_checked():
     with pytest.raises(OtmError, match="group_bits"):
         optimal.build([0.5, 0.5], [0.5, 0.5], 2, group_bits=30)
+
+
+def test_rules_of_many_rows_equal_each_rule_alone():
+    """rules() solves the rows' group layouts together; each row's rule is its single-row rule, bit for bit."""
+    rng = np.random.default_rng(11)
+    V = 3000
+    rows = [_peaked(rng, V, scale, noise) for scale, noise in [(2, 0.5), (3, 1), (4, 2), (2.5, 1), (1, 0.2)]]
+    targets, drafts = np.array([a for a, _ in rows]), np.array([b for _, b in rows])
+    for k in (2, 5):
+        together = optimal.rules(targets, drafts, k)
+        for r in range(len(rows)):
+            alone = optimal._rule(targets[r], drafts[r], k)
+            for field in ("t1", "t0", "x0", "xd", "key1", "key2", "split_tok", "split_grp"):
+                assert np.array_equal(getattr(alone, field), getattr(together[r], field)), (r, field)
+            assert alone.acceptance == together[r].acceptance
+
+
+def test_rule_at_drafted_tokens_matches_the_plan():
+    """The lazy Rule gives, token by token, the arrays of its eager plan (what the tests enumerate)."""
+    rng = np.random.default_rng(12)
+    target, draft = _peaked(rng, 5000, 3.0, 1.0)
+    rl = optimal.rule(target, draft, 4)
+    plan = rl.plan()
+    tokens = rng.integers(0, 5000, 64)
+    theta, key1, key2, x = rl.at(tokens)
+    assert np.array_equal(theta, plan.theta[tokens]) and np.array_equal(x, plan.x[tokens])
+    assert np.array_equal(key1, plan.key1[tokens]) and np.array_equal(key2, plan.key2[tokens])
+    assert np.array_equal(rl.residual(), plan.residual)
