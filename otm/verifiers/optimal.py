@@ -91,11 +91,44 @@ selected draft is accepted. When the gap is 0 the residual never lands on a draf
 :math:`x \ge p`), so this is the membership acceptance :math:`\alpha^*`; when the gap
 is positive the membership acceptance lies between it and :math:`\alpha^*`.
 
-Set-up per position: one argsort, one isotonic regression (scipy, PAVA), and for
-each of the five split candidates up to 12 vectorised Newton steps over the tokens
-of multi-token layers: :math:`O(V \log V)`, no LP. Measured (2 shared CPU cores,
-float64, V = 49152, peaked laws): 24-210 ms per position, far above the 2 ms goal;
-the Newton passes dominate (argsort ~1.5 ms, isotonic ~1.2 ms).
+Groups: the rule at real vocabularies
+-------------------------------------
+:func:`build_tokens` lays out every token (one argsort, one isotonic regression,
+Newton passes over the tokens of multi-token layers): 10-200 ms per position at
+V = 49152. The rule that :func:`sample`, :func:`law`, :func:`bind` and
+:func:`otm.torch.optimal` use, :func:`rule` (and :func:`build`, its arrays over the
+vocabulary), races *groups* of tokens instead:
+
+1. tokens are cut into ratio slices of ``2**-GROUP_BITS`` octave read from the
+   floats' bits (no sort over the vocabulary); the two slices around the best cut
+   between whole slices hold the optimal cut :math:`H^*` and are split into single
+   tokens from the start;
+2. the layered two-pass race above is built on the groups (each a "token" of target
+   mass :math:`P_G` and draft mass :math:`Q_G`; about 100-3000 groups at V = 49152);
+3. inside a group, each draft position takes its group's pass-1 key with
+   probability :math:`\theta_i`, else the pass-2 key, and ties go to the first
+   position. Given the groups and passes of all positions (which decide the winning
+   position), the tokens are independent with law :math:`q_i \theta_i / \Theta_G` in
+   pass 1 and :math:`q_i (1 - \theta_i) / (Q_G - \Theta_G)` in pass 2, so the selection
+   law is exactly :math:`x_i = q_i(\theta_i a_G + (1 - \theta_i) b_G)`, with
+   :math:`a_G, b_G` the group's pass-1 and pass-2 selection mass per unit of draft mass.
+   :math:`\theta_i = \theta_G` gives :math:`x_i = x_G q_i / Q_G`; where :math:`b_G \le
+   \lambda_G r_i \le a_G` over the group's ratio range, :math:`\theta_i = (\lambda_G r_i -
+   b_G)/(a_G - b_G)` gives :math:`x_i = \lambda_G p_i` (:math:`\lambda_G = x_G / P_G`),
+   and the constraint :math:`\sum_i q_i \theta_i = \Theta_G` holds by construction;
+4. a group whose tokens lie on both sides of :math:`x_i = p_i` (a *straddling* group)
+   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`).
+
+The law is exact whatever the groups (step 3); the acceptance is
+:math:`\sum_G \min(x_G, P_G)` when nothing straddles, which equals the optimum over
+group-closed cuts, :math:`\alpha_G \ge \alpha^*`, and so is :math:`\alpha^*` itself.
+``Plan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
+sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap below
+1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
+group layout. Per position: O(V) passes (the ratio's bits, three weighted bincounts),
+one group layout, and O(k) for the race and the accept test; the O(V) residual
+:math:`(p - x)_+` only after a rejection (:class:`Rule` evaluates lazily). Times:
+``docs/torch_verifiers.md``.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)  # alpha* = 0.2 + 1 - 0.6**2
 0.84
