@@ -144,9 +144,12 @@ import numpy as np
 from ..laws import OtmError, check_k, check_law
 from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
 
-THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0)
+THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
+    f for f in (i / 32 for i in range(33)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
+)
 """Fractions of the admissible split range tried per layer, in turn: a layer tries the next one
-only while its acceptance falls short of its share of alpha* (the first best one wins)."""
+only while its acceptance falls short of its share of alpha* (the first best one wins). The 32nds
+after the first five close gaps of 1e-8 to 3e-3 seen on 3 of 192 real positions (embedded pair)."""
 
 NEWTON_STEPS = 12
 """Newton iterations for the per-token split equation (monotone from below; exits early)."""
@@ -576,7 +579,7 @@ def _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, r
         x_s[pos[take]] = xx[take]
         theta_s[pos[take]] = th[take]
         x1_s[pos[take]] = x1[take]
-        todo = todo[best_acc[todo] < want * (1 - 1e-12)]
+        todo = todo[best_acc[todo] < want * (1 - 1e-12) - 1e-15]  # short of its share beyond rounding
         if not todo.size:
             break
     return x_s, theta_s, x1_s
