@@ -79,6 +79,8 @@ def acceptances(target, draft, ks, seed):
         rows = [position_acceptances(t, d, k, rng=rng) for t, d in zip(target, draft)]
         for key in ("kseq", "rrs", "optimal", "rrs_without_replacement", "alpha_iid", "alpha_without_replacement"):
             out[key, k] = float(np.mean([r[key] for r in rows]))
+        gaps = np.array([r["alpha_iid"] - r["optimal"] for r in rows])
+        out["gaps", k] = (int((gaps > 1e-9).sum()), float(gaps.max()), len(rows))
     return out
 
 
@@ -187,6 +189,10 @@ def main(argv=None):
     for r in rows:
         ms = f"{r['ms_mean']:.2f} / {r['ms_median']:.2f}" if "ms_mean" in r else "(bound)"
         print(f"| {r['rule']} | {r['k']} | {r['acceptance']:.4f} | {ms} |")
+    for k in ks:
+        n_gap, worst, n = acc["gaps", k]
+        print(f"optimal vs alpha* (iid), k = {k}: gap > 1e-9 at {n_gap} of {n} positions, largest {worst:.2e}")
+        rows.append({"rule": "optimal gap to alpha* iid", "k": k, "positions_above_1e-9": n_gap, "largest": worst, "positions": n})
     print(conditions)
     paths = plot(acc, tim, ks, conditions, Path(args.out))
     (Path(args.out) / "accept_vs_time.json").write_text(json.dumps({"conditions": conditions, "rows": rows}, indent=1))
