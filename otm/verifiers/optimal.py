@@ -81,9 +81,11 @@ What is proved and what is tested
 * NOT proved: that a two-pass layout realising :math:`x^\star` always exists.
   Measured: on random peaked laws at V = 49152, k = 2, 4, 8 the gap
   :math:`\alpha^* - ` :func:`acceptance` was below 1e-12 in every case tried; on
-  adversarial small laws (Dirichlet 0.1-3, V <= 13, k <= 8) it was positive in
-  about 0.2% of cases (largest seen 5e-3). The rule reports its own gap:
-  ``bind(target, scheme).gap``.
+  the embedded pair's real laws (64 positions, k = 2, 4, 8; ``analysis/accept_vs_time.py``)
+  it was above 1e-9 at 1 of 192 cases (2.0e-3, k = 4; three more, 1e-8 to 3e-3, were
+  closed by trying more split candidates); on adversarial small laws (Dirichlet 0.1-3,
+  V <= 13, k <= 8) it was positive in about 0.2% of cases (largest seen 5e-3). The rule
+  reports its own gap: ``bind(target, scheme).gap``.
 
 ``acceptance`` returns :math:`\sum_y \min(x(y), p(y))`, the probability that the
 selected draft is accepted. When the gap is 0 the residual never lands on a draft
