@@ -493,7 +493,7 @@ def _row_cumsum(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     row's sums computed from that row alone (so a row's numbers do not depend on the others)."""
     out = np.empty_like(values)
     for a, b in zip(bounds[:-1], bounds[1:]):
-        np.cumsum(values[a:b], out=out[a:b])
+        np.cumsum(values[..., a:b], axis=-1, out=out[..., a:b])
     return out
 
 
@@ -573,8 +573,14 @@ def _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, r
     x1_s = x_s.copy()
     todo = multi_blocks
     best_acc = np.full(sizes.size, -np.inf)
-    for f in THETA_CANDIDATES:
+    # the first five candidates one at a time (most layers stop there), the rest all at once
+    for f in (*THETA_CANDIDATES[:5], np.asarray(THETA_CANDIDATES[5:])):
         pos, acc, want, xx, th, x1 = _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, todo, row, k, f)
+        if np.ndim(f):  # [candidates, ...]: per layer the first candidate of largest acceptance
+            c = np.argmax(acc, axis=0)
+            acc = np.take_along_axis(acc, c[None], 0)[0]
+            c_t = np.repeat(c, sizes[todo])[None]
+            xx, th, x1 = (np.take_along_axis(a, c_t, 0)[0] for a in (xx, th, x1))
         better = acc > best_acc[todo]
         best_acc[todo] = np.where(better, acc, best_acc[todo])
         take = np.repeat(better, sizes[todo])
@@ -617,26 +623,27 @@ def _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks
         s_hi = cAb - (v_last / k) ** (1.0 / (k - 1))
     s_lo = np.clip(np.nan_to_num(s_lo, nan=0.0, neginf=0.0), 0.0, Lb)
     s_hi = np.clip(np.nan_to_num(s_hi, nan=0.0, neginf=0.0), s_lo, Lb)
-    S = (s_lo + frac * (s_hi - s_lo))[which]
+    frac = np.asarray(frac, dtype=float)[..., None]  # [candidates, 1] or [1]
+    S = (s_lo + frac * (s_hi - s_lo))[..., which]  # [(candidates,) tokens]
     T = _split(cA, L, Q, Vt, S, k)
-    T_prev = np.where(first, 0.0, np.roll(T, 1))
+    T_prev = np.where(first, 0.0, np.roll(T, 1, axis=-1))
     with np.errstate(divide="ignore", invalid="ignore"):
         th = np.where(qq > 0, np.clip((T - T_prev) / np.where(qq > 0, qq, 1.0), 0.0, 1.0), 1.0)
     piece1 = th * qq
     piece2 = qq - piece1
     c1 = _row_cumsum(piece1, rb)
-    T_end = c1 - np.repeat(c1[seg] - piece1[seg], n_b)  # within-layer cumulative pass-1 mass
+    T_end = c1 - np.repeat(c1[..., seg] - piece1[..., seg], n_b, axis=-1)  # within-layer cumulative pass-1 mass
     c2 = _row_cumsum(piece2, rb)
-    U_end = c2 - np.repeat(c2[seg] - piece2[seg], n_b)
-    Theta = np.add.reduceat(piece1, seg)[which]
+    U_end = c2 - np.repeat(c2[..., seg] - piece2[..., seg], n_b, axis=-1)
+    Theta = np.add.reduceat(piece1, seg, axis=-1)[..., which]
     a1 = cA - (T_end - piece1)
     x1 = _dpow(a1, np.maximum(a1 - piece1, 0.0), piece1, k)
     a2 = cA - Theta - (U_end - piece2)
     x2 = _dpow(np.maximum(a2, 0.0), np.maximum(a2 - piece2, 0.0), piece2, k)
     xx = x1 + x2
-    acc = np.add.reduceat(np.minimum(xx, pq), seg)
+    acc = np.add.reduceat(np.minimum(xx, pq), seg, axis=-1)
     want = np.add.reduceat(np.minimum(lam_t, 1.0) * pq, seg)
-    return pos, acc, want, xx, th, x1
+    return pos, acc, want, xx, th, x1  # with a leading candidates axis when frac is an array
 
 
 def selection_law(plan: Plan, drafts: np.ndarray) -> np.ndarray:
