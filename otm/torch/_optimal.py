@@ -73,7 +73,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     key2_d = np.empty((batch, k), dtype=np.int64)
     target_d = np.empty((batch, k))
     x_d = np.empty((batch, k))
-    same = batch > 1 and bool((p == p[:1]).all() and (q == q[:1]).all())
+    same = batch > 1 and bool((p[:, ::97] == p[:1, ::97]).all()) and bool((p == p[:1]).all() and (q == q[:1]).all())
     # the numpy door's normalisation (check_law: law / law.sum()), all rows at once: the same
     # numbers (a row's sum is the same pairwise sum); the values were checked by `validate`
     p = p / p.sum(axis=1, keepdims=True)
