@@ -128,7 +128,6 @@ def plot(acc, tim, ks, conditions, out_dir: Path) -> list[Path]:
         ax.axhline(acc["alpha_without_replacement", k], color=colors[k], linestyle=":", linewidth=1.0)
     for budget, name in ((2, "2 ms (Partial Resolution)"), (10, "10 ms (Global Resolution)"), (100, "100 ms (Global Resolution)")):
         ax.axvline(budget, color="grey", linewidth=0.8)
-        ax.text(budget * 1.05, ax.get_ylim()[0] if False else 0.0, "", fontsize=7)
         ax.annotate(name, (budget, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
                     fontsize=7, color="grey", rotation=90, va="top")
     ax.set_xscale("log")
