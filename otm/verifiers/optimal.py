@@ -82,7 +82,7 @@ What is proved and what is tested
   Measured: on random peaked laws at V = 49152, k = 2, 4, 8 the gap
   :math:`\alpha^* - ` :func:`acceptance` was below 1e-12 in every case tried; on
   the embedded pair's real laws (64 positions, k = 2, 4, 8; ``analysis/accept_vs_time.py``)
-  it was above 1e-9 at 1 of 192 cases (2.0e-3, k = 4; three more, 1e-8 to 3e-3, were
+  it was above 1e-9 at 1 of 192 cases (2.1e-3, k = 4; three more, 1e-8 to 3e-3, were
   closed by trying more split candidates); on adversarial small laws (Dirichlet 0.1-3,
   V <= 13, k <= 8) it was positive in about 0.2% of cases (largest seen 5e-3). The rule
   reports its own gap: ``bind(target, scheme).gap``.
@@ -147,11 +147,12 @@ from ..laws import OtmError, check_k, check_law
 from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
 
 THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
-    f for f in (i / 32 for i in range(33)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
+    f for f in (i / 16 for i in range(17)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
 )
 """Fractions of the admissible split range tried per layer, in turn: a layer tries the next one
-only while its acceptance falls short of its share of alpha* (the first best one wins). The 32nds
-after the first five close gaps of 1e-8 to 3e-3 seen on 3 of 192 real positions (embedded pair)."""
+only while its acceptance falls short of its share of alpha* (the first best one wins). The 16ths
+after the first five (tried together) close gaps of 1e-8 to 3e-3 seen on 3 of 192 real positions
+(embedded pair); 32nds closed the same three at two to four times the cost."""
 
 NEWTON_STEPS = 12
 """Newton iterations for the per-token split equation (monotone from below; exits early)."""
