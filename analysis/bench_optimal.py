@@ -79,7 +79,7 @@ def torch_part(args) -> None:
             q64 = (q.double() / q.double().sum(-1, keepdim=True)).numpy()  # as otm.torch.optimal passes them
             t_setup = timed(lambda: _optimal._plans(p64, q64, d.numpy(), k))
             t_kseq = timed(lambda: ot.kseq(p, q, d, generator=gen, validate=False))
-            print(f"{batch:>5} {k:>2} {t_opt:15.1f} {t_setup:15.1f} {t_kseq:12.2f} {t_opt / t_kseq:6.0f}", flush=True)
+            print(f"{batch:>5} {k:>2} {t_opt:15.1f} {t_setup:15.1f} {t_kseq:12.2f} {t_opt / t_kseq:6.1f}", flush=True)
 
 
 def numpy_part(args) -> None:
