@@ -259,7 +259,7 @@ def test_rules_of_many_rows_equal_each_rule_alone():
     for k in (2, 5):
         together = optimal.rules(targets, drafts, k)
         for r in range(len(rows)):
-            alone = optimal._rule(targets[r], drafts[r], k)
+            alone = optimal.rule(targets[r], drafts[r], k)
             for field in ("t1", "t0", "x0", "xd", "key1", "key2", "split_tok", "split_grp"):
                 assert np.array_equal(getattr(alone, field), getattr(together[r], field)), (r, field)
             assert alone.acceptance == together[r].acceptance
@@ -276,3 +276,10 @@ def test_rule_at_drafted_tokens_matches_the_plan():
     assert np.array_equal(theta, plan.theta[tokens]) and np.array_equal(x, plan.x[tokens])
     assert np.array_equal(key1, plan.key1[tokens]) and np.array_equal(key2, plan.key2[tokens])
     assert np.array_equal(rl.residual(), plan.residual)
+
+
+def test_rules_refuse_bad_rows():
+    with pytest.raises(OtmError, match="one shape"):
+        optimal.rules(np.ones((2, 3)) / 3, np.ones((2, 4)) / 4, 2)
+    with pytest.raises(OtmError, match="negative mass"):
+        optimal.rules([[0.5, 0.5], [1.5, -0.5]], [[0.5, 0.5], [0.5, 0.5]], 2)

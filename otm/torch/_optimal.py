@@ -93,7 +93,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
                 bucket.append(len(first))
                 inverse[r] = len(first)
                 first.append(r)
-    distinct = _np_optimal.rules(p[first], q[first], k)  # group layouts of all rows solved together
+    distinct = _np_optimal._rules(p[first], q[first], k)  # group layouts of all rows solved together
     rules = [distinct[i] for i in inverse]
     for r, rl in enumerate(rules):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])

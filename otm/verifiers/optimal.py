@@ -351,10 +351,20 @@ def _rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -
     return _drive([_rule_steps(p, q, k, group_bits)], k)[0]
 
 
-def rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[Rule]:
-    """:func:`rule` of every row of ``targets``, ``drafts`` (float64 ``[rows, V]``, each row normalised
-    and checked), the rows' group layouts solved together (:func:`_layout_rows`): each row's rule is
-    the one :func:`rule` gives it alone, bit for bit."""
+def rules(targets, drafts, k: int) -> list[Rule]:
+    """:func:`rule` of every row of ``targets``, ``drafts`` (``[rows, V]``), the rows' group layouts
+    solved together (:func:`_layout_rows`): each row's rule is the one :func:`rule` gives it alone,
+    bit for bit. Each row is checked and normalised by :func:`otm.laws.check_law`."""
+    targets, drafts = np.asarray(targets, dtype=np.float64), np.asarray(drafts, dtype=np.float64)
+    if targets.ndim != 2 or drafts.shape != targets.shape:
+        raise OtmError(f"targets and drafts must be [rows, V] arrays of one shape, got {targets.shape} and {drafts.shape}")
+    k = check_k(k)
+    rows = [(check_law(t, "target"), check_law(d, "draft")) for t, d in zip(targets, drafts)]
+    return _rules(np.array([t for t, _ in rows]), np.array([d for _, d in rows]), k)
+
+
+def _rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[Rule]:
+    """:func:`rules` on checked, normalised float64 rows."""
     return _drive([_rule_steps(t, d, k, None) for t, d in zip(targets, drafts)], k)
 
 
