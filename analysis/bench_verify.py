@@ -25,6 +25,7 @@ expected cost of a verification.
     python analysis/bench_verify.py              # full grid
     python analysis/bench_verify.py --quick      # V = 49152 only, fewer repeats
     python analysis/bench_verify.py --device cuda
+    python analysis/bench_verify.py --optimal-only --threads 1   # otm.torch.optimal beside kseq only
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ SCHEME_OF = {
 
 
 def applies(name: str, k: int) -> bool:
-    if name not in SCHEME_OF:  # optimal: numpy set-up per row, timed by analysis/bench_optimal.py
+    if name not in SCHEME_OF:  # optimal: numpy set-up per row, timed apart (optimal_rows)
         return False
     if name == "speculative":
         return k == 1
@@ -317,6 +318,46 @@ def goal(args, device, dtype, results, vocab=49152, k=8, rounds=None):
     results["goal"] = mean
 
 
+def optimal_rows(args, device, dtype, vocab=49152, ks=(2, 4, 8), reps1=None, reps32=None):
+    """``otm.torch.optimal`` (set-up + one verification per call) beside ``otm.torch.kseq``, interleaved.
+
+    Each round calls both rules once on the same laws and fresh drafts; ms per position at batch 1
+    and ms per row at batch 32 (distinct law pairs per row). The optimal set-up is the grouped numpy
+    ``otm.verifiers.optimal.build`` per row; its work depends on the laws, so the mean, the median and
+    the largest call are printed."""
+    reps1 = reps1 or max(20, args.repeats // 4)
+    reps32 = reps32 or max(3, args.batch_repeats)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    print(f"\noptimal beside kseq (V={vocab}, {args.dtype} laws as above, validate=False; "
+          f"{reps1} rounds at batch 1 over 16 law pairs, {reps32} at batch 32 over fresh batches of 32 pairs):")
+    print("| batch | k | optimal ms (mean / median / max) | kseq ms (mean) | optimal / kseq | goal |")
+    print("|---|---|---|---|---|---|")
+    out = {}
+    for batch, reps in ((1, reps1), (32, reps32)):
+        gen = torch.Generator(device=device).manual_seed(args.seed + 7)
+        pairs = [laws(batch, vocab, dtype, device, gen) for _ in range(16 if batch == 1 else reps + args.warmup)]
+        for k in ks:
+            times = {"optimal": [], "kseq": []}
+            for r in range(args.warmup + reps):
+                t, q = pairs[r % len(pairs)]
+                d = ot.sample_iid(q, k, generator=gen)
+                for name in times:
+                    f = ot.VERIFIERS[name]
+                    sync()
+                    start = time.perf_counter()
+                    f(t, q, d, generator=gen, validate=False)
+                    sync()
+                    if r >= args.warmup:
+                        times[name].append((time.perf_counter() - start) * 1e3 / batch)
+            o, ks_ = times["optimal"], statistics.mean(times["kseq"])
+            goal_ms = 2.0 if batch == 1 else 1.0
+            mean = statistics.mean(o)
+            print(f"| {batch} | {k} | {mean:.2f} / {statistics.median(o):.2f} / {max(o):.2f} | {ks_:.3f} | "
+                  f"{mean / ks_:.0f} | {'met' if mean <= goal_ms else 'NOT met'} (<= {goal_ms:g} ms) |", flush=True)
+            out[batch, k] = (mean, statistics.median(o), max(o), ks_)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="V = 49152 only, fewer timed calls")
@@ -327,6 +368,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=200, help="timed calls at batch 1")
     ap.add_argument("--batch-repeats", type=int, default=10, help="timed calls at batch 32")
+    ap.add_argument("--optimal-only", action="store_true", help="only the optimal-beside-kseq rows")
     args = ap.parse_args(argv)
     if args.quick:
         args.warmup, args.repeats, args.batch_repeats = 2, 40, 3
@@ -347,6 +389,12 @@ def main(argv=None):
     if hasattr(os, "getloadavg"):
         print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
+    if args.optimal_only:
+        with torch.inference_mode():
+            results = {"optimal": optimal_rows(args, device, dtype)}
+        if hasattr(os, "getloadavg"):
+            print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return results
     header = "| V | batch | k | verifier | batched (us) | per-row loop (us) | loop / batched |"
     print(header)
     print("|" + "---|" * 7)
@@ -391,6 +439,8 @@ def main(argv=None):
                             results["kseq validate"] = timed(lambda i: f(*law(i), drafts[i], generator=gen), args.warmup, reps, device)
     print()
     goal(args, device, dtype, results)
+    with torch.inference_mode():
+        results["optimal"] = optimal_rows(args, device, dtype)
     if hasattr(os, "getloadavg"):
         print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return results

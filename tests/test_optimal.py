@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -165,3 +167,119 @@ def test_monte_carlo_acceptance_at_full_vocabulary():
     a = bound.alpha_star
     half = 1.96 * np.sqrt(a * (1 - a) / n) + 1e-3
     assert abs(hits / n - a) < half, (hits / n, a, half)
+
+
+# (e) the grouped construction: tokens of nearly equal ratio share one race key ----------------
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("rounds", [0, 4])
+def test_grouped_law_exact_with_coarse_groups(seed, rounds, monkeypatch):
+    """One group per octave and no (or some) splitting: several tokens per group, position ties."""
+    monkeypatch.setattr(optimal, "GROUP_BITS", 0)
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+    rng = np.random.default_rng(300 + seed)
+    V, k = 6, 2 + seed % 2
+    target = rng.dirichlet(np.ones(V))
+    draft = target * rng.uniform(0.6, 1.4, V)  # ratios within about two octaves: groups of several tokens
+    draft /= draft.sum()
+    plan = optimal.build(target, draft, k)
+    assert plan.group.max() + 1 < V or rounds
+    # inside a group the selection law is proportional to the draft (one theta: x_i = x_G q_i / Q_G)
+    # or, where the group spreads its passes over its tokens, to the target (x_i = lambda_G p_i)
+    for g in np.unique(plan.group):
+        members = plan.group == g
+        by_q, by_p = plan.x[members] / draft[members], plan.x[members] / target[members]
+        one_theta = np.ptp(plan.theta[members]) == 0
+        assert np.allclose(by_q, by_q[0], rtol=1e-12, atol=0) if one_theta else np.allclose(by_p, by_p[0], rtol=1e-12, atol=0)
+    scheme = IID(draft, k)
+    ev = evaluate(OPTIMAL, scheme, target)
+    assert ev.law_error < 1e-9
+    alpha = optimal_acceptance_of(scheme, target).value
+    assert ev.acceptance >= plan.acceptance - 1e-9  # the rule's acceptance is a lower bound ...
+    assert plan.acceptance <= alpha + 1e-12
+    assert plan.alpha_groups >= alpha - 1e-12  # ... and alpha_groups an upper bound on alpha*
+    assert plan.gap_bound >= alpha - plan.acceptance - 1e-12
+
+
+def test_grouped_selection_law_by_enumeration_of_passes(monkeypatch):
+    """selection_law's position-tie rule against brute force over the k pass uniforms."""
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
+    target = np.array([0.3, 0.3, 0.1, 0.1, 0.2])
+    draft = np.array([0.15, 0.15, 0.3, 0.3, 0.1])  # tokens 0,1 and 2,3 tie in ratio: one group each
+    plan = optimal.build(target, draft, 3)
+    assert plan.group[0] == plan.group[1] and plan.group[2] == plan.group[3]
+    d = np.array([1, 0, 3])
+    want = np.zeros(5)
+    for passes in np.ndindex(2, 2, 2):
+        pr = np.prod([plan.theta[t] if s == 0 else 1 - plan.theta[t] for t, s in zip(d, passes)])
+        keys = [plan.key1[t] if s == 0 else plan.key2[t] for t, s in zip(d, passes)]
+        want[d[int(np.argmin(keys))]] += pr
+    assert np.abs(optimal.selection_law(plan, d) - want).max() < 1e-15
+
+
+def test_group_spread_over_its_tokens_is_exact():
+    """A group of two tokens whose pass-1 share is spread by token (x_i = lambda p_i), by enumeration.
+
+    The case ``otm certify`` found when the plan kept the group's single theta while reporting the
+    spread law (output law off by 0.0039 at token 0): the enumeration below catches that bug.
+    """
+    target, draft = np.array([0.3, 0.25, 0.25, 0.2]), np.array([0.28, 0.27, 0.24, 0.21])
+    plan = optimal.build(target, draft, 2)
+    assert plan.group[0] == plan.group[2] and plan.theta[0] != plan.theta[2]
+    realised = np.zeros(4)
+    for d in itertools.product(range(4), repeat=2):
+        realised += np.prod(draft[list(d)]) * optimal.selection_law(plan, np.array(d))
+    assert np.abs(realised - plan.x).max() < 1e-15
+    ev = evaluate(OPTIMAL, IID(draft, 2), target)
+    assert ev.law_error < 1e-12 and abs(ev.acceptance - 1.0) < 1e-12
+
+
+def test_grouped_reaches_alpha_star_with_few_groups_at_full_vocabulary():
+    rng = np.random.default_rng(7)
+    for k in (2, 4, 8):
+        target, draft = _peaked(rng, 49152, 4.0, 2.0)
+        plan = optimal.build(target, draft, k)
+        alpha = optimal_acceptance_of(IID(draft, k), target).value
+        assert plan.group.max() + 1 < 49152 // 4  # far fewer groups than tokens
+        assert abs(plan.acceptance - alpha) < 1e-12
+        assert abs(plan.gap_bound) < 1e-12
+        assert abs(plan.x.sum() - 1) < 1e-12
+
+
+def test_group_bits_checked():
+    with pytest.raises(OtmError, match="group_bits"):
+        optimal.build([0.5, 0.5], [0.5, 0.5], 2, group_bits=30)
+
+
+def test_rules_of_many_rows_equal_each_rule_alone():
+    """rules() solves the rows' group layouts together; each row's rule is its single-row rule, bit for bit."""
+    rng = np.random.default_rng(11)
+    V = 3000
+    rows = [_peaked(rng, V, scale, noise) for scale, noise in [(2, 0.5), (3, 1), (4, 2), (2.5, 1), (1, 0.2)]]
+    targets, drafts = np.array([a for a, _ in rows]), np.array([b for _, b in rows])
+    for k in (2, 5):
+        together = optimal.rules(targets, drafts, k)
+        for r in range(len(rows)):
+            alone = optimal.rule(targets[r], drafts[r], k)
+            for field in ("t1", "t0", "x0", "xd", "key1", "key2", "split_tok", "split_grp"):
+                assert np.array_equal(getattr(alone, field), getattr(together[r], field)), (r, field)
+            assert alone.acceptance == together[r].acceptance
+
+
+def test_rule_at_drafted_tokens_matches_the_plan():
+    """The lazy Rule gives, token by token, the arrays of its eager plan (what the tests enumerate)."""
+    rng = np.random.default_rng(12)
+    target, draft = _peaked(rng, 5000, 3.0, 1.0)
+    rl = optimal.rule(target, draft, 4)
+    plan = rl.plan()
+    tokens = rng.integers(0, 5000, 64)
+    theta, key1, key2, x = rl.at(tokens)
+    assert np.array_equal(theta, plan.theta[tokens]) and np.array_equal(x, plan.x[tokens])
+    assert np.array_equal(key1, plan.key1[tokens]) and np.array_equal(key2, plan.key2[tokens])
+    assert np.array_equal(rl.residual(), plan.residual)
+
+
+def test_rules_refuse_bad_rows():
+    with pytest.raises(OtmError, match="one shape"):
+        optimal.rules(np.ones((2, 3)) / 3, np.ones((2, 4)) / 4, 2)
+    with pytest.raises(OtmError, match="negative mass"):
+        optimal.rules([[0.5, 0.5], [1.5, -0.5]], [[0.5, 0.5], [0.5, 0.5]], 2)

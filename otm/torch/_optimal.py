@@ -9,12 +9,14 @@ the numpy rule (see that module for the selection law and its gap to :math:`\alp
 
 Where the work runs. **The set-up is numpy, one row at a time**: each row's laws are
 copied to the CPU as float64 (float32 laws first normalised in float32, as in every torch
-verifier), normalised by :func:`otm.laws.check_law` and given to :func:`otm.verifiers.optimal.build` (argsort, isotonic regression, Newton
-passes; 24-210 ms per row at V = 49152 on one CPU core). Rows with equal laws within one
-call share one set-up. The race, the accept test and the residual draw are
-batched torch on the input device, with float64 decisions and the float64 inverse CDF of
-:mod:`otm.torch._core`. So this verifier is exact at any V but far slower than
-:func:`otm.torch.kseq` there; it is meant for measuring and for small vocabularies.
+verifier), normalised by :func:`otm.laws.check_law` and given to the grouped rule of
+:func:`otm.verifiers.optimal.rule` (ratio groups from the floats' bits, no sort over the
+vocabulary; the layered two-pass race over the groups), evaluated lazily: at the k drafted
+tokens, and over the vocabulary only for the rows that reject (their residual). Rows with
+equal laws within one call share one set-up. The race, the accept test and the residual
+draw are batched torch on the input device, with float64 decisions and the float64 inverse
+CDF of :mod:`otm.torch._core`. Measured times beside :func:`otm.torch.kseq`:
+``docs/torch_verifiers.md``.
 
 Uniforms. Each row uses ``k + 2`` uniforms in [0, 1): uniform ``i < k`` decides the pass
 of draft position ``i`` (pass 1 iff ``u_i < theta(d_i)``), uniform ``k`` the accept test,
@@ -40,7 +42,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..laws import check_law
 from ..verifiers import optimal as _np_optimal
 from ._core import (
     NOT_ACCEPTED,
@@ -58,32 +59,50 @@ from ._core import (
 
 
 def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
-    """Numpy set-up per distinct row, as the numpy ``sample`` does it.
+    """Numpy set-up per distinct row, as the numpy ``sample`` does it, evaluated lazily.
 
     ``p``, ``q`` float64 ``[batch, V]`` (rows summing to 1 up to rounding), ``d [batch, k]``.
-    Returns ``(theta_d, key1_d, key2_d [batch, k], target, x, residual [batch, V])``: the
-    target as :func:`otm.laws.check_law` normalises it, the plan's selection law and
-    ``(p - x)_+``. Rows with equal laws share one plan.
+    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, residuals)``: the race arrays, the target
+    (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted tokens,
+    ``[batch, k]``; ``laws(rows)`` gives ``(target, x)`` ``[len(rows), V]`` for the rows that
+    need a residual draw. Rows with equal laws share one rule.
     """
-    batch, V = p.shape
-    if batch > 1 and (p == p[:1]).all() and (q == q[:1]).all():
-        first, inverse = np.zeros(1, dtype=np.int64), np.zeros(batch, dtype=np.int64)
-    else:
-        _, first, inverse = np.unique(np.concatenate([p, q], 1), axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-    targets, plans = [], []
-    for r in first:
-        pr = check_law(p[r], "target")  # numpy's check_inputs
-        targets.append(pr)
-        plans.append(_np_optimal.build(pr, check_law(q[r], "draft"), k))
-    theta = np.stack([pl.theta for pl in plans])[inverse]  # [batch, V]
-    key1 = np.stack([pl.key1 for pl in plans])[inverse]
-    key2 = np.stack([pl.key2 for pl in plans])[inverse]
-    rows = np.arange(batch)[:, None]
-    target = np.stack(targets)[inverse]
-    x = np.stack([pl.x for pl in plans])[inverse]
-    residual = np.stack([pl.residual for pl in plans])[inverse]
-    return theta[rows, d], key1[rows, d], key2[rows, d], target, x, residual
+    batch = p.shape[0]
+    theta_d = np.empty((batch, k))
+    key1_d = np.empty((batch, k), dtype=np.int64)
+    key2_d = np.empty((batch, k), dtype=np.int64)
+    target_d = np.empty((batch, k))
+    x_d = np.empty((batch, k))
+    same = batch > 1 and bool((p[:, ::97] == p[:1, ::97]).all()) and bool((p == p[:1]).all() and (q == q[:1]).all())
+    # the numpy door's normalisation (check_law: law / law.sum()), all rows at once: the same
+    # numbers (a row's sum is the same pairwise sum); the values were checked by `validate`
+    p = p / p.sum(axis=1, keepdims=True)
+    q = q / q.sum(axis=1, keepdims=True)
+    if same:
+        first, inverse = [0], np.zeros(batch, dtype=np.int64)
+    else:  # equal rows share a rule: a fingerprint of every 97th mass, then a full comparison
+        seen: dict = {}
+        first, inverse = [], np.empty(batch, dtype=np.int64)
+        for r in range(batch):
+            bucket = seen.setdefault((p[r, ::97].tobytes(), q[r, ::97].tobytes()), [])
+            for j in bucket:
+                if np.array_equal(p[r], p[first[j]]) and np.array_equal(q[r], q[first[j]]):
+                    inverse[r] = j
+                    break
+            else:
+                bucket.append(len(first))
+                inverse[r] = len(first)
+                first.append(r)
+    distinct = _np_optimal._rules(p[first], q[first], k)  # group layouts of all rows solved together
+    rules = [distinct[i] for i in inverse]
+    for r, rl in enumerate(rules):
+        theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
+        target_d[r] = rl.target[d[r]]
+
+    def laws(rows):
+        return np.stack([rules[r].target for r in rows]), np.stack([rules[r].at()[3] for r in rows])
+
+    return theta_d, key1_d, key2_d, target_d, x_d, laws
 
 
 def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:
@@ -122,17 +141,21 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
         p_in, q_in = target.to(torch.float64), draft.to(torch.float64)
     else:
         p_in, q_in = normalised(target, dtype).to(torch.float64), normalised(draft, dtype).to(torch.float64)
-    theta_d, key1_d, key2_d, p_np, x_np, r_np = _plans(p_in.cpu().numpy(), q_in.cpu().numpy(), d.cpu().numpy(), k)
-    p = torch.from_numpy(p_np).to(device)  # [batch, V] float64
-    x = torch.from_numpy(x_np).to(device)  # [batch, V] float64: selection law
-    residual = torch.from_numpy(r_np).to(device)  # [batch, V] float64: (p - x)_+
+    theta_d, key1_d, key2_d, p_d, x_d, laws = _plans(p_in.cpu().numpy(), q_in.cpu().numpy(), d.cpu().numpy(), k)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
     # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
     keys = torch.where(u[:, :k] < theta, torch.from_numpy(key1_d).to(device), torch.from_numpy(key2_d).to(device))
     index = keys.argmin(-1)  # [batch]
     y = d.gather(1, index.unsqueeze(1)).squeeze(1)  # [batch]
-    ok = accept_test(u[:, k], p.gather(1, y.unsqueeze(1)).squeeze(1), x.gather(1, y.unsqueeze(1)).squeeze(1))  # [batch]
-    z = residual_draw(residual, p, u[:, k + 1])  # [batch]
+    at = index.unsqueeze(1)
+    p_y = torch.from_numpy(p_d).to(device).gather(1, at).squeeze(1)  # [batch] float64
+    x_y = torch.from_numpy(x_d).to(device).gather(1, at).squeeze(1)  # [batch] float64: selection law at y
+    ok = accept_test(u[:, k], p_y, x_y)  # [batch]
+    z = y.clone()
+    rows = torch.nonzero(~ok).squeeze(1)  # [rejected]: only these need the residual (p - x)_+
+    if rows.numel():
+        p_r, x_r = (torch.from_numpy(a).to(device) for a in laws(rows.cpu().tolist()))  # [rejected, V] float64
+        z[rows] = residual_draw((p_r - x_r).clamp_(min=0.0), p_r, u[rows, k + 1])
     hit = d == z.unsqueeze(1)  # [batch, k]
     z_index = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), torch.full_like(index, NOT_ACCEPTED))
     token = torch.where(ok, y, z)

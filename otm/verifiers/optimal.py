@@ -81,9 +81,11 @@ What is proved and what is tested
 * NOT proved: that a two-pass layout realising :math:`x^\star` always exists.
   Measured: on random peaked laws at V = 49152, k = 2, 4, 8 the gap
   :math:`\alpha^* - ` :func:`acceptance` was below 1e-12 in every case tried; on
-  adversarial small laws (Dirichlet 0.1-3, V <= 13, k <= 8) it was positive in
-  about 0.2% of cases (largest seen 5e-3). The rule reports its own gap:
-  ``bind(target, scheme).gap``.
+  the embedded pair's real laws (64 positions, k = 2, 4, 8; ``analysis/accept_vs_time.py``)
+  it was above 1e-9 at 1 of 192 cases (2.1e-3, k = 4; three more, 1e-8 to 3e-3, were
+  closed by trying more split candidates); on adversarial small laws (Dirichlet 0.1-3,
+  V <= 13, k <= 8) it was positive in about 0.2% of cases (largest seen 5e-3). The rule
+  reports its own gap: ``bind(target, scheme).gap``.
 
 ``acceptance`` returns :math:`\sum_y \min(x(y), p(y))`, the probability that the
 selected draft is accepted. When the gap is 0 the residual never lands on a draft
@@ -91,11 +93,44 @@ selected draft is accepted. When the gap is 0 the residual never lands on a draf
 :math:`x \ge p`), so this is the membership acceptance :math:`\alpha^*`; when the gap
 is positive the membership acceptance lies between it and :math:`\alpha^*`.
 
-Set-up per position: one argsort, one isotonic regression (scipy, PAVA), and for
-each of the five split candidates up to 12 vectorised Newton steps over the tokens
-of multi-token layers: :math:`O(V \log V)`, no LP. Measured (2 shared CPU cores,
-float64, V = 49152, peaked laws): 24-210 ms per position, far above the 2 ms goal;
-the Newton passes dominate (argsort ~1.5 ms, isotonic ~1.2 ms).
+Groups: the rule at real vocabularies
+-------------------------------------
+:func:`build_tokens` lays out every token (one argsort, one isotonic regression,
+Newton passes over the tokens of multi-token layers): 10-200 ms per position at
+V = 49152. The rule that :func:`sample`, :func:`law`, :func:`bind` and
+:func:`otm.torch.optimal` use, :func:`rule` (and :func:`build`, its arrays over the
+vocabulary), races *groups* of tokens instead:
+
+1. tokens are cut into ratio slices of ``2**-GROUP_BITS`` octave read from the
+   floats' bits (no sort over the vocabulary); the two slices around the best cut
+   between whole slices hold the optimal cut :math:`H^*` and are split into single
+   tokens from the start;
+2. the layered two-pass race above is built on the groups (each a "token" of target
+   mass :math:`P_G` and draft mass :math:`Q_G`; about 100-3000 groups at V = 49152);
+3. inside a group, each draft position takes its group's pass-1 key with
+   probability :math:`\theta_i`, else the pass-2 key, and ties go to the first
+   position. Given the groups and passes of all positions (which decide the winning
+   position), the tokens are independent with law :math:`q_i \theta_i / \Theta_G` in
+   pass 1 and :math:`q_i (1 - \theta_i) / (Q_G - \Theta_G)` in pass 2, so the selection
+   law is exactly :math:`x_i = q_i(\theta_i a_G + (1 - \theta_i) b_G)`, with
+   :math:`a_G, b_G` the group's pass-1 and pass-2 selection mass per unit of draft mass.
+   :math:`\theta_i = \theta_G` gives :math:`x_i = x_G q_i / Q_G`; where :math:`b_G \le
+   \lambda_G r_i \le a_G` over the group's ratio range, :math:`\theta_i = (\lambda_G r_i -
+   b_G)/(a_G - b_G)` gives :math:`x_i = \lambda_G p_i` (:math:`\lambda_G = x_G / P_G`),
+   and the constraint :math:`\sum_i q_i \theta_i = \Theta_G` holds by construction;
+4. a group whose tokens lie on both sides of :math:`x_i = p_i` (a *straddling* group)
+   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`).
+
+The law is exact whatever the groups (step 3); the acceptance is
+:math:`\sum_G \min(x_G, P_G)` when nothing straddles, which equals the optimum over
+group-closed cuts, :math:`\alpha_G \ge \alpha^*`, and so is :math:`\alpha^*` itself.
+``Plan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
+sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap below
+1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
+group layout. Per position: O(V) passes (the ratio's bits, three weighted bincounts),
+one group layout, and O(k) for the race and the accept test; the O(V) residual
+:math:`(p - x)_+` only after a rejection (:class:`Rule` evaluates lazily). Times:
+``docs/torch_verifiers.md``.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)  # alpha* = 0.2 + 1 - 0.6**2
 0.84
@@ -103,6 +138,7 @@ the Newton passes dominate (argsort ~1.5 ms, isotonic ~1.2 ms).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,8 +146,13 @@ import numpy as np
 from ..laws import OtmError, check_k, check_law
 from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
 
-THETA_CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
-"""Fractions of the admissible split range tried per layer (the best acceptance wins)."""
+THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
+    f for f in (i / 16 for i in range(17)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
+)
+"""Fractions of the admissible split range tried per layer, in turn: a layer tries the next one
+only while its acceptance falls short of its share of alpha* (the first best one wins). The 16ths
+after the first five (tried together) close gaps of 1e-8 to 3e-3 seen on 3 of 192 real positions
+(embedded pair); 32nds closed the same three at two to four times the cost."""
 
 NEWTON_STEPS = 12
 """Newton iterations for the per-token split equation (monotone from below; exits early)."""
@@ -137,6 +178,13 @@ class Plan:
     key2: np.ndarray  # [V] int64 race key in pass 2
     acceptance: float  # sum min(x, target)
     residual: np.ndarray  # [V] (target - x)_+, unnormalised
+    group: np.ndarray | None = None  # [V] group of each token (build), None for build_tokens
+    alpha_groups: float = float("nan")  # min over group-closed cuts: an upper bound on alpha*
+
+    @property
+    def gap_bound(self) -> float:
+        """``alpha_groups - acceptance``: an upper bound on the gap to alpha*, found without a sort."""
+        return self.alpha_groups - self.acceptance
 
 
 def _split(cA, L, Q, Vt, theta_split, k):
@@ -153,140 +201,480 @@ def _split(cA, L, Q, Vt, theta_split, k):
     a_min, a_max = cA - hi, cA - lo
     a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
-    for _ in range(NEWTON_STEPS):
-        b = np.maximum(W - a, 0.0)
-        over = a**k + b**k - C
-        d = k * (a ** (k - 1) - b ** (k - 1))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where((over > 0) & (d > 0), over / d, 0.0)
-        new = np.maximum(a - step, a_min)
-        if not np.any(step > tol * a):
-            a = new
-            break
-        a = new
+    live = np.ones(a.shape, dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(NEWTON_STEPS):
+            b = np.maximum(W - a, 0.0)
+            ak1, bk1 = a ** (k - 1), b ** (k - 1)
+            over = a * ak1 + b * bk1 - C
+            d = k * (ak1 - bk1)
+            step = np.where(live & (over > 0) & (d > 0), over / d, 0.0)
+            a = np.maximum(a - step, a_min)
+            live &= step > tol * a  # an entry stops after its first step below tolerance (its own
+            if not live.any():  # result, whatever else is solved beside it)
+                break
     return cA - a
 
 
-def build(target, draft, k: int) -> Plan:
-    """The selection rule for one position (module docstring): O(V log V), vectorised."""
-    from scipy.optimize import isotonic_regression
+GROUP_BITS = 3
+"""Ratio groups per octave of target/draft: ``2**GROUP_BITS`` (the top bits of the float's mantissa)."""
 
+RATIO_RANGE = 60
+"""Ratios below ``2**-RATIO_RANGE`` share the lowest group, ratios above ``2**RATIO_RANGE`` the highest."""
+
+REFINE_ROUNDS = 4
+"""Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
+
+SPLIT_TOLERANCE = 1e-12
+"""Straddling groups whose acceptance losses are together bounded by this are left whole."""
+
+
+def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
+    """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
+
+    A group is a ``2**-bits`` octave slice of the ratio :math:`p/q`, read from the float64 bit
+    pattern (monotone in the value for positive floats), so groups are consecutive in the ratio
+    order and finding them needs no sort: O(V). Ratios above ``2**RATIO_RANGE`` (with ``q = 0``)
+    share group 0, ratios below ``2**-RATIO_RANGE`` (with ``p = 0``) the last group; ``p = q = 0``
+    tokens go to group 0, where they are never selected.
+    """
+    shift = 52 - bits
+    lo_code = (1023 - RATIO_RANGE) << bits
+    hi_code = (1023 + RATIO_RANGE) << bits
+    with np.errstate(divide="ignore", invalid="ignore"):
+        code = (p / q).view(np.int64) >> shift  # +inf and nan above hi_code, 0 below lo_code
+    np.clip(code, lo_code, hi_code, out=code)
+    gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
+    codes = hi_code - np.arange(hi_code - lo_code + 1)
+    lo = (codes << shift).view(np.float64)
+    hi = ((codes + 1) << shift).view(np.float64)
+    lo[-1] = 0.0  # the lowest group holds everything below its top
+    hi[0] = np.inf  # the highest everything above its bottom
+    return gid, lo, hi
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One position's grouped rule (:func:`rule`), evaluated lazily.
+
+    Per token asked: O(1) (its group from its ratio's bits, then the group's coefficients:
+    ``theta_i = clip(t1 r_i + t0, 0, 1)``, ``x_i = q_i (x0 + theta_i xd)``); the whole residual
+    ``(p - x)_+`` costs O(V) and is needed only after a rejection.
+    """
+
+    target: np.ndarray  # [V] normalised target
+    draft: np.ndarray  # [V] normalised draft
+    gid: np.ndarray  # [V] ratio bucket of each token
+    base: np.ndarray  # [buckets] group of each whole bucket
+    split_tok: np.ndarray  # [m] tokens of split buckets, ascending
+    split_grp: np.ndarray  # [m] their groups
+    t1: np.ndarray  # [G] theta_i = clip(t1 r_i + t0, 0, 1)
+    t0: np.ndarray
+    x0: np.ndarray  # [G] x_i = q_i (x0 + theta_i xd)
+    xd: np.ndarray
+    key1: np.ndarray  # [G] race key in pass 1 (smaller wins)
+    key2: np.ndarray  # [G] race key in pass 2
+    acceptance: float  # sum min(x, target), from the groups
+    alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+
+    def groups(self, tokens=None) -> np.ndarray:
+        """Group of each token asked (all tokens when ``tokens`` is None)."""
+        if tokens is None:
+            g = self.base[self.gid]
+            g[self.split_tok] = self.split_grp
+            return g
+        tokens = np.asarray(tokens, dtype=np.int64)
+        g = self.base[self.gid[tokens]]
+        if self.split_tok.size:
+            j = np.minimum(np.searchsorted(self.split_tok, tokens), self.split_tok.size - 1)
+            g = np.where(self.split_tok[j] == tokens, self.split_grp[j], g)
+        return g
+
+    def at(self, tokens=None):
+        """``(theta, key1, key2, x)`` at the tokens asked (all tokens when None)."""
+        g = self.groups(tokens)
+        p = self.target if tokens is None else self.target[tokens]
+        q = self.draft if tokens is None else self.draft[tokens]
+        theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
+        return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
+
+    def residual(self) -> np.ndarray:
+        """``(target - x)_+`` over the vocabulary, unnormalised: O(V)."""
+        return np.maximum(self.target - self.at()[3], 0.0)
+
+    def plan(self) -> Plan:
+        """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
+        theta, key1, key2, x = self.at()
+        return Plan(x, theta, key1, key2, self.acceptance, np.maximum(self.target - x, 0.0),
+                    self.groups(), self.alpha_groups)
+
+
+def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
+    """The selection rule for one position, every token's arrays at once: ``rule(...).plan()``."""
+    return rule(target, draft, k, group_bits=group_bits).plan()
+
+
+def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
+    r"""The selection rule for one position, racing groups of tokens of nearly equal ratio.
+
+    Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` per
+    octave of :math:`p/q`, :func:`_ratio_groups`: no sort); the layered two-pass race of
+    the module docstring is built on the groups as if each were one token of target mass
+    :math:`P_G = p(G)` and draft mass :math:`Q_G = q(G)`, giving the group selection law
+    :math:`x_G`. Each draft position gets its group's pass and key; the smallest key wins,
+    the first position on ties. Given the positions' groups and passes (which decide the
+    winning position) the drafted tokens are independent with law :math:`q_i / Q_G` inside
+    their groups, so the selected token's law is exactly
+
+    .. math::  x_i = x_{G(i)}\, q_i / Q_{G(i)} .
+
+    Acceptance. :math:`\sum_i \min(x_i, p_i) \le \sum_G \min(x_G, P_G)`, with equality
+    when no group *straddles*, i.e. has tokens on both sides of :math:`x_i = p_i`; a group
+    of ratios in :math:`[lo, hi)` cannot straddle when :math:`x_G/Q_G \le lo` or
+    :math:`\ge hi`. Straddling groups are split into single tokens (sorted: they are few)
+    and the groups rebuilt, up to :data:`REFINE_ROUNDS` times; straddling groups whose losses
+    :math:`\\sum_i (p_i - x_i)_+ \\le Q_G (hi - x_G/Q_G)` add up to at most
+    :data:`SPLIT_TOLERANCE` stay whole. The group race reaches
+    :math:`\alpha_G = 1 + \min_j g(D_j) - P_j` over the group boundaries (when its own
+    layout reaches its optimum), and :math:`\alpha_G \ge \alpha^*` since fewer cuts are
+    tried; so when nothing straddles, the acceptance equals :math:`\alpha^*`.
+    ``plan.gap_bound = alpha_groups - acceptance`` bounds the gap to :math:`\alpha^*`
+    from above without a sort; :func:`bind` reports the gap itself.
+    """
+    p = check_law(target, "target")
+    q = check_law(draft, "draft", size=p.size)
+    return _rule(p, q, check_k(k), group_bits)
+
+
+def _rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -> Rule:
+    """:func:`rule` on checked, normalised float64 laws."""
+    return _drive([_rule_steps(p, q, k, group_bits)], k)[0]
+
+
+def rules(targets, drafts, k: int) -> list[Rule]:
+    """:func:`rule` of every row of ``targets``, ``drafts`` (``[rows, V]``), the rows' group layouts
+    solved together (:func:`_layout_rows`): each row's rule is the one :func:`rule` gives it alone,
+    bit for bit. Each row is checked and normalised by :func:`otm.laws.check_law`."""
+    targets, drafts = np.asarray(targets, dtype=np.float64), np.asarray(drafts, dtype=np.float64)
+    if targets.ndim != 2 or drafts.shape != targets.shape:
+        raise OtmError(f"targets and drafts must be [rows, V] arrays of one shape, got {targets.shape} and {drafts.shape}")
+    k = check_k(k)
+    rows = [(check_law(t, "target"), check_law(d, "draft")) for t, d in zip(targets, drafts)]
+    return _rules(np.array([t for t, _ in rows]), np.array([d for _, d in rows]), k)
+
+
+def _rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[Rule]:
+    """:func:`rules` on checked, normalised float64 rows."""
+    return _drive([_rule_steps(t, d, k, None) for t, d in zip(targets, drafts)], k)
+
+
+def _drive(steps, k: int) -> list[Rule]:
+    """Run :func:`_rule_steps` generators in lock step: each round's group layouts in one call."""
+    out: list = [None] * len(steps)
+    pending = {i: next(s) for i, s in enumerate(steps)}
+    while pending:
+        ids = list(pending)
+        layouts = _layout_rows([pending[i][0] for i in ids], [pending[i][1] for i in ids], k)
+        pending = {}
+        for i, lay in zip(ids, layouts):
+            try:
+                pending[i] = steps[i].send(lay)
+            except StopIteration as done:
+                out[i] = done.value
+    return out
+
+
+def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
+    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout."""
+    bits = GROUP_BITS if group_bits is None else int(group_bits)
+    if not 0 <= bits <= 20:
+        raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    gid, lo, hi = _ratio_groups(p, q, bits)
+    nb = lo.size
+    n_b = np.bincount(gid, minlength=nb)
+    P_b = np.bincount(gid, weights=p, minlength=nb)
+    Q_b = np.bincount(gid, weights=q, minlength=nb)
+    split = np.zeros(nb, dtype=bool)
+    nonempty = n_b > 0
+    idx = split_grp = np.zeros(0, dtype=np.int64)
+    # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
+    # (these are the groups that straddle): split them from the start, saving a round
+    filled = np.flatnonzero(nonempty)
+    after = np.cumsum(Q_b[filled][::-1])[::-1] - Q_b[filled]  # draft mass after each bucket
+    gain = np.cumsum(P_b[filled]) - (1.0 - after**k)  # P_j - g(D_j) at each bucket's end
+    j = int(np.argmax(gain))
+    if gain[j] > 0 and REFINE_ROUNDS > 0:
+        around = filled[j : j + 2]
+        split[around[n_b[around] >= 2]] = True
+    for round_ in range(REFINE_ROUNDS + 1):
+        size = np.where(split, n_b, nonempty.astype(np.int64))  # groups each bucket becomes
+        base = np.cumsum(size) - size
+        G = int(size.sum())
+        P_g = np.zeros(G)
+        Q_g = np.zeros(G)
+        whole = nonempty & ~split
+        P_g[base[whole]] = P_b[whole]
+        Q_g[base[whole]] = Q_b[whole]
+        if split.any():
+            idx = np.flatnonzero(split[gid])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r_idx = p[idx] / q[idx]
+            idx = idx[np.argsort(-r_idx, kind="stable")]  # buckets are ratio slices: bucket order kept
+            b = gid[idx]
+            first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
+            split_grp = base[b] + np.arange(idx.size) - first[b]
+            P_g[split_grp] = p[idx]
+            Q_g[split_grp] = q[idx]
+        x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
+        # a whole group with both passes can spread its pass-1 mass over its tokens so that
+        # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
+        gw = base[whole]
+        th_G, X_G, X1_G = theta_g[gw], x_g[gw], x1_g[gw]
+        both = (n_b[whole] >= 2) & (th_G > 0) & (th_G < 1) & (P_b[whole] > 0) & (Q_b[whole] > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_G = X1_G / (th_G * Q_b[whole])
+            b_G = (X_G - X1_G) / ((1.0 - th_G) * Q_b[whole])
+            lam_G = X_G / P_b[whole]
+            ok = both & (b_G <= lam_G * lo[whole]) & (lam_G * hi[whole] <= a_G) & (a_G > b_G)
+        spread = np.zeros(nb, dtype=bool)
+        spread[whole] = ok
+        w_b = np.zeros(nb)
+        w_b[whole] = w[gw]
+        straddle = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+        # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
+        with np.errstate(invalid="ignore"):
+            loss = np.where(straddle, Q_b * (hi - w_b), 0.0)
+        cheap = np.flatnonzero(straddle)[np.argsort(loss[straddle])]
+        cheap = cheap[np.cumsum(loss[cheap]) <= SPLIT_TOLERANCE]
+        straddle[cheap] = False
+        if not straddle.any() or round_ == REFINE_ROUNDS:
+            break
+        split |= straddle
+    # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
+    # or, where the group spreads (whole buckets only), theta_i = (lambda r_i - b)/(a - b)
+    t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
+    sp = spread[whole]
+    gs = gw[sp]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1[gs] = (lam_G / (a_G - b_G))[sp]
+        t0[gs] = (-b_G / (a_G - b_G))[sp]
+    x0[gs], xd[gs] = b_G[sp], (a_G - b_G)[sp]
+    comp = np.zeros(G + 1)
+    comp[:G] = np.cumsum(Q_g[::-1])[::-1]
+    cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
+    alpha_g = 1.0 - max(0.0, float(cut.max()))
+    order = np.argsort(idx)
+    out = Rule(p, q, gid, base, idx[order], split_grp[order], t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
+    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
+    acc_g = np.minimum(x_g, P_g)
+    left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+    acc = float(acc_g.sum())
+    if left.any():
+        tok = np.flatnonzero(left[gid])
+        x_t = out.at(tok)[3]
+        acc += float(np.minimum(x_t, p[tok]).sum()) - float(acc_g[base[left]].sum())
+    return dataclasses.replace(out, acceptance=acc)
+
+
+def build_tokens(target, draft, k: int) -> Plan:
+    """The token-level construction (module docstring): O(V log V), every token its own race key.
+
+    The reference the grouped :func:`build` reduces to when every group is one token; at
+    V = 49152 it costs 10-200 ms (the Newton passes over the tokens of large layers).
+    """
     p = check_law(target, "target")
     q = check_law(draft, "draft", size=p.size)
     k = check_k(k)
-    V = p.size
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.argsort(np.where(p > 0, -ratio, np.inf), kind="stable")
-    npos = int(np.count_nonzero(p))
-    ps, qs = p[order], q[order]
-    comp = np.zeros(V + 1)  # comp[j] = 1 - D_j, from the small end
-    comp[:V] = np.cumsum(qs[::-1])[::-1]
-    x_s = _dpow(comp[:-1], comp[1:], qs, k)  # the plain ratio-order priority
-    theta_s = np.ones(V)
-    block = np.arange(V)  # layer index of each sorted position
-    if k >= 2 and npos >= 2:
-        slope = x_s[:npos] / ps[:npos]
-        iso = isotonic_regression(slope, weights=ps[:npos], increasing=True)
-        lam = iso.x
-        starts = np.asarray(iso.blocks)
-        sizes = np.diff(starts)
-        block[:npos] = np.repeat(np.arange(sizes.size), sizes)
-        block[npos:] = sizes.size
-        multi_blocks = np.flatnonzero(sizes >= 2)
-        if multi_blocks.size:
-            x_s, theta_s = _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, k)
-    x = np.empty(V)
-    x[order] = x_s
-    theta = np.empty(V)
-    theta[order] = theta_s
-    rank = np.empty(V, dtype=np.int64)
-    rank[order] = np.arange(V)
-    blk = np.empty(V, dtype=np.int64)
-    blk[order] = block
-    key1 = (2 * blk) * V + rank
-    key2 = (2 * blk + 1) * V + rank
+    x, theta, key1, key2, _ = _layout(p, q, k)
     acc = float(np.minimum(x, p).sum())
     return Plan(x, theta, key1, key2, acc, np.maximum(p - x, 0.0))
 
 
-def _layers(ps, qs, comp, lam, starts, sizes, multi_blocks, npos, x_s, theta_s, k):
-    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s)."""
+def _layout(p: np.ndarray, q: np.ndarray, k: int):
+    """``(x, theta, key1, key2, x1)`` of the layered two-pass race over the entries of ``p``, ``q``
+    (``x1``: the part of ``x`` selected in pass 1)."""
+    return _layout_rows([p], [q], k)[0]
+
+
+def _row_cumsum(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Cumulative sums restarted at every row (rows are ``values[bounds[r]:bounds[r + 1]]``), each
+    row's sums computed from that row alone (so a row's numbers do not depend on the others)."""
+    out = np.empty_like(values)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        np.cumsum(values[..., a:b], axis=-1, out=out[..., a:b])
+    return out
+
+
+def _layout_rows(Ps, Qs, k: int):
+    """:func:`_layout` of several rows at once: elementwise work on all rows together, every
+    order-dependent step (sort, cumulative sums, isotonic regression) row by row, so each row's
+    result is the one it gets alone, bit for bit."""
+    from scipy.optimize import isotonic_regression
+
+    n_r = np.array([P.size for P in Ps])
+    bounds = np.concatenate([[0], np.cumsum(n_r)])
+    N = int(bounds[-1])
+    p, q = np.concatenate(Ps), np.concatenate(Qs)
+    row = np.repeat(np.arange(n_r.size), n_r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+    order = np.lexsort((np.where(p > 0, -ratio, np.inf), row))  # stable: ties keep their index order
+    ps, qs = p[order], q[order]
+    # comp_lo[j] = 1 - D_{j-1}, comp_hi[j] = 1 - D_j within the row, from the small end
+    comp_lo = _row_cumsum(qs[::-1], (N - bounds)[::-1])[::-1]
+    comp_hi = np.zeros(N)
+    last = bounds[1:] - 1
+    comp_hi[:-1] = comp_lo[1:]
+    comp_hi[last] = 0.0
+    x_s = _dpow(comp_lo, comp_hi, qs, k)  # the plain ratio-order priority
+    theta_s = np.ones(N)
+    x1_s = x_s
+    block = np.arange(N)  # layer of each sorted position (ids unique over all rows)
+    lam = np.zeros(N)
+    starts_all, sizes_all = [], []
+    if k >= 2:
+        for r in range(n_r.size):
+            a, b = bounds[r], bounds[r + 1]
+            npos = int(np.count_nonzero(ps[a:b]))
+            if npos < 2:
+                starts_all.append(np.arange(a, b))
+                continue
+            iso = isotonic_regression(x_s[a : a + npos] / ps[a : a + npos], weights=ps[a : a + npos], increasing=True)
+            lam[a : a + npos] = iso.x
+            st = a + np.asarray(iso.blocks)[:-1]
+            starts_all.append(np.concatenate([st, np.arange(a + npos, b)]))
+        starts = np.concatenate(starts_all + [[N]]).astype(np.int64)
+        sizes = np.diff(starts)
+        block = np.repeat(np.arange(sizes.size), sizes)
+        multi_blocks = np.flatnonzero(sizes >= 2)
+        if multi_blocks.size:
+            cum_p = _row_cumsum(ps, bounds) - ps  # P before each position, within its row
+            x_s, theta_s, x1_s = _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks,
+                                         row, bounds, x_s, theta_s, k)
+    out = []
+    for r in range(n_r.size):
+        a, b = bounds[r], bounds[r + 1]
+        V = b - a
+        o = order[a:b] - a
+        x = np.empty(V)
+        x[o] = x_s[a:b]
+        theta = np.empty(V)
+        theta[o] = theta_s[a:b]
+        x1 = np.empty(V)
+        x1[o] = x1_s[a:b]
+        rank = np.empty(V, dtype=np.int64)
+        rank[o] = np.arange(V)
+        blk = np.empty(V, dtype=np.int64)
+        blk[o] = block[a:b] - block[a]
+        out.append((x, theta, (2 * blk) * V + rank, (2 * blk + 1) * V + rank, x1))
+    return out
+
+
+def _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, row, bounds, x_s, theta_s, k):
+    """Two-pass layout of every multi-token layer; returns updated (x_s, theta_s, x1_s).
+
+    Split candidates are tried in the order of :data:`THETA_CANDIDATES`, each on the layers whose
+    best acceptance so far falls short of :math:`\\sum \\min(\\lambda p, p)` over the layer.
+    """
+    x_s = x_s.copy()
+    theta_s = theta_s.copy()
+    x1_s = x_s.copy()
+    todo = multi_blocks
+    best_acc = np.full(sizes.size, -np.inf)
+    # the first five candidates one at a time (most layers stop there), the rest all at once
+    for f in (*THETA_CANDIDATES[:5], np.asarray(THETA_CANDIDATES[5:])):
+        pos, acc, want, xx, th, x1 = _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, todo, row, k, f)
+        if np.ndim(f):  # [candidates, ...]: per layer the first candidate of largest acceptance
+            c = np.argmax(acc, axis=0)
+            acc = np.take_along_axis(acc, c[None], 0)[0]
+            c_t = np.repeat(c, sizes[todo])[None]
+            xx, th, x1 = (np.take_along_axis(a, c_t, 0)[0] for a in (xx, th, x1))
+        better = acc > best_acc[todo]
+        best_acc[todo] = np.where(better, acc, best_acc[todo])
+        take = np.repeat(better, sizes[todo])
+        x_s[pos[take]] = xx[take]
+        theta_s[pos[take]] = th[take]
+        x1_s[pos[take]] = x1[take]
+        todo = todo[best_acc[todo] < want * (1 - 1e-12) - 1e-15]  # short of its share beyond rounding
+        if not todo.size:
+            break
+    return x_s, theta_s, x1_s
+
+
+def _layers_at(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks, row, k, frac):
+    """One split candidate ``frac`` on the given layers: (positions, acceptance and its target
+    per layer, x, theta and the pass-1 part of x per position). Sums run within each row."""
     a_idx = starts[multi_blocks]
-    b_idx = starts[multi_blocks + 1]
-    n_b = b_idx - a_idx
-    in_multi = np.repeat(sizes >= 2, sizes)
-    pos = np.flatnonzero(in_multi)  # sorted positions in multi-token layers
+    n_b = sizes[multi_blocks]
+    e_idx = a_idx + n_b - 1  # last position of each layer
+    pos = np.repeat(a_idx - np.cumsum(n_b) + n_b, n_b) + np.arange(n_b.sum())  # their sorted positions
     which = np.repeat(np.arange(multi_blocks.size), n_b)
+    seg = np.concatenate([[0], np.cumsum(n_b)[:-1]])  # reduceat offsets
     first = np.zeros(pos.size, dtype=bool)
-    first[np.concatenate([[0], np.cumsum(n_b)[:-1]])] = True
-    cA = comp[a_idx][which]
-    L = (comp[a_idx] - comp[b_idx])[which]
-    Q = comp[a_idx][which] - comp[pos + 1]  # prefix mass of the layer up to this token (inclusive)
-    cum_p = np.concatenate([[0.0], np.cumsum(ps)])
+    first[seg] = True
+    r_pos = row[pos]
+    rb = np.concatenate([[0], np.flatnonzero(np.diff(r_pos)) + 1, [pos.size]])  # row bounds in `pos`
+    cA = comp_lo[a_idx][which]
+    L = (comp_lo[a_idx] - comp_hi[e_idx])[which]
+    Q = cA - comp_hi[pos]  # prefix mass of the layer up to this token (inclusive)
     lam_t = lam[pos]
-    Vt = lam_t * (cum_p[pos + 1] - cum_p[a_idx][which])
+    Vt = lam_t * ((cum_p[pos] + ps[pos]) - cum_p[a_idx][which])
     pq, qq = ps[pos], qs[pos]
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.where(qq > 0, lam_t * pq / np.where(qq > 0, qq, 1.0), np.inf)
     last = np.concatenate([first[1:], [True]])
     v_first = v[first]
     v_last = v[last]
-    cAb, Lb = comp[a_idx], comp[a_idx] - comp[b_idx]
+    cAb, Lb = comp_lo[a_idx], comp_lo[a_idx] - comp_hi[e_idx]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s_lo = cAb - np.minimum(v_first / k, 1e300) ** (1.0 / (k - 1))
         s_hi = cAb - (v_last / k) ** (1.0 / (k - 1))
     s_lo = np.clip(np.nan_to_num(s_lo, nan=0.0, neginf=0.0), 0.0, Lb)
     s_hi = np.clip(np.nan_to_num(s_hi, nan=0.0, neginf=0.0), s_lo, Lb)
-    seg = np.concatenate([[0], np.cumsum(n_b)[:-1]])  # reduceat offsets
-    best_acc = np.full(multi_blocks.size, -np.inf)
-    best_x = np.zeros(pos.size)
-    best_theta = np.zeros(pos.size)
-    for f in THETA_CANDIDATES:
-        S = (s_lo + f * (s_hi - s_lo))[which]
-        T = _split(cA, L, Q, Vt, S, k)
-        T_prev = np.where(first, 0.0, np.roll(T, 1))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            th = np.where(qq > 0, np.clip((T - T_prev) / np.where(qq > 0, qq, 1.0), 0.0, 1.0), 1.0)
-        piece1 = th * qq
-        piece2 = qq - piece1
-        c1 = np.cumsum(piece1)
-        T_end = c1 - np.repeat(c1[seg] - piece1[seg], n_b)  # within-layer cumulative pass-1 mass
-        c2 = np.cumsum(piece2)
-        U_end = c2 - np.repeat(c2[seg] - piece2[seg], n_b)
-        Theta = np.add.reduceat(piece1, seg)[which]
-        a1 = cA - (T_end - piece1)
-        x1 = _dpow(a1, np.maximum(a1 - piece1, 0.0), piece1, k)
-        a2 = cA - Theta - (U_end - piece2)
-        x2 = _dpow(np.maximum(a2, 0.0), np.maximum(a2 - piece2, 0.0), piece2, k)
-        xx = x1 + x2
-        acc = np.add.reduceat(np.minimum(xx, pq), seg)
-        better = acc > best_acc
-        best_acc = np.where(better, acc, best_acc)
-        take = better[which]
-        best_x = np.where(take, xx, best_x)
-        best_theta = np.where(take, th, best_theta)
-    x_s = x_s.copy()
-    theta_s = theta_s.copy()
-    x_s[pos] = best_x
-    theta_s[pos] = best_theta
-    return x_s, theta_s
+    frac = np.asarray(frac, dtype=float)[..., None]  # [candidates, 1] or [1]
+    S = (s_lo + frac * (s_hi - s_lo))[..., which]  # [(candidates,) tokens]
+    T = _split(cA, L, Q, Vt, S, k)
+    T_prev = np.where(first, 0.0, np.roll(T, 1, axis=-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        th = np.where(qq > 0, np.clip((T - T_prev) / np.where(qq > 0, qq, 1.0), 0.0, 1.0), 1.0)
+    piece1 = th * qq
+    piece2 = qq - piece1
+    c1 = _row_cumsum(piece1, rb)
+    T_end = c1 - np.repeat(c1[..., seg] - piece1[..., seg], n_b, axis=-1)  # within-layer cumulative pass-1 mass
+    c2 = _row_cumsum(piece2, rb)
+    U_end = c2 - np.repeat(c2[..., seg] - piece2[..., seg], n_b, axis=-1)
+    Theta = np.add.reduceat(piece1, seg, axis=-1)[..., which]
+    a1 = cA - (T_end - piece1)
+    x1 = _dpow(a1, np.maximum(a1 - piece1, 0.0), piece1, k)
+    a2 = cA - Theta - (U_end - piece2)
+    x2 = _dpow(np.maximum(a2, 0.0), np.maximum(a2 - piece2, 0.0), piece2, k)
+    xx = x1 + x2
+    acc = np.add.reduceat(np.minimum(xx, pq), seg, axis=-1)
+    want = np.add.reduceat(np.minimum(lam_t, 1.0) * pq, seg)
+    return pos, acc, want, xx, th, x1  # with a leading candidates axis when frac is an array
 
 
 def selection_law(plan: Plan, drafts: np.ndarray) -> np.ndarray:
-    """Exact P(selected = y | drafts): race of distinct tokens, each with its pass-1 / pass-2 key."""
-    toks, counts = np.unique(drafts, return_counts=True)
-    p1 = 1.0 - (1.0 - plan.theta[toks]) ** counts  # some position of this token runs in pass 1
-    keys = np.concatenate([plan.key1[toks], plan.key2[toks]])
-    probs = np.concatenate([p1, 1.0 - p1])
-    owner = np.concatenate([np.arange(toks.size), np.arange(toks.size)])
-    m = toks.size
+    """Exact P(selected = y | drafts): each position's key is its token's pass-1 key w.p. theta,
+    else its pass-2 key; the smallest key wins, the first position on ties (as ``argmin``)."""
+    d = np.asarray(drafts, dtype=np.int64).reshape(-1)
+    th = plan.theta[d]
+    keys = np.stack([plan.key1[d], plan.key2[d]], 1)  # [k, 2]
+    probs = np.stack([th, 1.0 - th], 1)  # [k, 2]
+    pos = np.arange(d.size)[:, None]
     out = np.zeros(plan.x.size)
-    for c in range(keys.size):
-        above = (keys > keys[c])[None, :] & (owner[None, :] == np.arange(m)[:, None])
-        survive = (above * probs[None, :]).sum(axis=1)  # P(token z's key > this key)
-        survive[owner[c]] = 1.0
-        out[toks[owner[c]]] += probs[c] * float(np.prod(survive))
+    for j in range(d.size):
+        for s in range(2):
+            if probs[j, s] == 0:
+                continue
+            kk = keys[j, s]
+            loses_to = (keys > kk) | ((keys == kk) & (pos > j))  # [k, 2]: options of l that j beats
+            survive = (probs * loses_to).sum(1)
+            survive[j] = 1.0
+            out[d[j]] += probs[j, s] * float(np.prod(survive))
     return out
 
 
@@ -321,9 +709,25 @@ def law(target, draft, drafts) -> np.ndarray:
 
 
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
-    """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected."""
+    """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected.
+
+    The rule is evaluated lazily (:class:`Rule`): at the k drafts, and over the vocabulary only
+    for the residual after a rejection; same decisions as :func:`_sample` on ``rule.plan()``.
+    """
     target, draft, d = check_inputs(target, draft, drafts)
-    return _sample(build(target, draft, d.size), target, d, rng)
+    return _sample_rule(_rule(target, draft, d.size), d, rng)
+
+
+def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
+    u = rng.random(d.size)
+    theta, key1, key2, x = rl.at(d)
+    i = int(np.argmin(np.where(u < theta, key1, key2)))
+    y = int(d[i])
+    if accept(rng, rl.target[y], x[i]):
+        return Outcome(y, i)
+    z = residual_sample(rng, rl.residual(), rl.target)
+    hit = np.flatnonzero(d == z)
+    return Outcome(z, int(hit[0]) if hit.size else None)
 
 
 def acceptance(target, draft, k: int) -> float:
@@ -371,4 +775,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "OptimalBound", "build", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
