@@ -3,6 +3,8 @@
 Contenders, all on the same models, prompts, sampling and token budget, in one run:
 
 * ``autoregressive``: :func:`otm.decode.autoregressive_decode` (block efficiency 1 by definition);
+* ``hf generate (autoregressive)``: transformers' own ``target.generate(do_sample=True)``, the
+  same sampling in the same dtype (a peer check that our autoregressive loop is not slow);
 * ``hf assisted``: transformers' own assisted generation, ``target.generate(...,
   assistant_model=draft, do_sample=True)`` with transformers' default assistant settings; its
   target calls are counted by a forward hook on the target. transformers cannot run a draft that
@@ -17,7 +19,16 @@ Every prompt runs every contender in turn (interleaved), so a slow spell of the 
 hits all of them alike. Seeds are per (prompt, contender). Figures are totals over the prompts:
 block efficiency = new tokens / target calls, tokens/s = new tokens / wall seconds, speedup =
 tokens/s over the autoregressive row's; ``target s`` and ``draft s`` split our rows' step time
-(target forward + laws; drafting), the rest being verification and bookkeeping.
+(target forward + laws; drafting), the rest being verification and bookkeeping. Every contender
+runs the same models in the same dtype (``--dtype auto``: bfloat16 where the CPU has it natively).
+
+The cost model (:class:`Costs`, :func:`measure_costs`, :func:`predicted_tokens_per_second`): before
+the table the bench times, on the first prompt's context, one target call of n positions for
+every tree size of the grid (the decoder's own call: tree mask, positions, laws) and one draft call
+at batch 1 and batch k; a row's *predicted* tokens/s is its measured block efficiency over the
+step time those costs give (tree of 1 + k L positions, L draft calls). The gap between predicted
+and measured is what the model leaves out: verification, bookkeeping, trees smaller than 1 + k L
+when rows share prefixes, first-call and cache-length effects.
 """
 
 from __future__ import annotations
@@ -80,6 +91,7 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
 
     rows = [Contender("autoregressive", "autoregressive")]
     if hf:
+        rows.append(Contender("hf generate (autoregressive)", "hf_generate"))
         rows.append(Contender("hf assisted (transformers defaults)", "hf_assisted"))
     if 1 in ks:
         for L in lengths:
@@ -108,6 +120,12 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
+def _hf_generate(target, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
+    """transformers' own sampling loop, ``target.generate(do_sample=True)`` with the run's sampling:
+    (new tokens, target calls, 0, seconds); calls counted by a forward hook."""
+    return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed)
+
+
 def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
     """transformers' assisted generation: (new tokens, target calls, draft calls, seconds).
 
@@ -119,17 +137,17 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     import torch
 
     calls = [0, 0]
-    hooks = [
-        target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)),
-        draft.register_forward_hook(lambda *_: calls.__setitem__(1, calls[1] + 1)),
-    ]
+    hooks = [target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))]
+    if draft is not None:
+        hooks.append(draft.register_forward_hook(lambda *_: calls.__setitem__(1, calls[1] + 1)))
+    assistant = {} if draft is None else {"assistant_model": draft}
     try:
         inp = torch.tensor([ids], device=target.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(
-                inp, attention_mask=torch.ones_like(inp), assistant_model=draft, do_sample=sampling.temperature > 0,
+                inp, attention_mask=torch.ones_like(inp), **assistant, do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None, top_k=sampling.top_k,
                 top_p=sampling.top_p, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
             )
@@ -147,6 +165,8 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
 
     if c.kind == "hf_assisted":
         return (*_hf_assisted(target, hf_draft, ids, sampling, max_new_tokens, eos, seed), None)
+    if c.kind == "hf_generate":
+        return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     else:
@@ -154,6 +174,125 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
                                sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
+
+
+# -- the cost model ----------------------------------------------------------------------------
+
+
+@dataclass
+class Costs:
+    """Measured costs of the decoder's two kinds of calls, in milliseconds (:func:`measure_costs`).
+
+    ``target_ms[n]``: one target call on n positions (the root and n - 1 tree nodes after a cached
+    context: the tree's 4D mask and positions, the forward, the float64 laws of the n positions);
+    ``draft_ms[b]``: one draft call on b rows of one new element each (forward, head, laws).
+    """
+
+    target_ms: dict[int, float]
+    draft_ms: dict[int, float]
+    context: int
+
+    def target(self, n: int) -> float:
+        """ms of a target call on n positions: measured, else linear between the nearest measured sizes."""
+        if n in self.target_ms:
+            return self.target_ms[n]
+        sizes = sorted(self.target_ms)
+        lo = max((x for x in sizes if x < n), default=sizes[0])
+        hi = min((x for x in sizes if x > n), default=sizes[-1])
+        if lo == hi:
+            return self.target_ms[lo]
+        return self.target_ms[lo] + (n - lo) * (self.target_ms[hi] - self.target_ms[lo]) / (hi - lo)
+
+    def step_ms(self, k: int, length: int) -> float:
+        """ms of one step of k rows of depth L: a target call on 1 + k L positions (the most a tree of
+        k rows can have) and L draft calls (the first at batch 1, the next L - 1 at batch k)."""
+        if length == 0:
+            return self.target(1)
+        return self.target(1 + k * length) + self.draft_ms[1] + (length - 1) * self.draft_ms[k]
+
+
+def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, costs: Costs) -> float:
+    r"""Tokens/s the cost model predicts: block efficiency B (tokens per target call, measured) over
+    the step time, :math:`1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))` with T and d in ms
+    (:class:`Costs`). ``length = 0``: autoregressive, :math:`1000 / T(1)`.
+
+    >>> c = Costs({1: 50.0, 5: 60.0}, {1: 2.0}, 100)
+    >>> predicted_tokens_per_second(1.0, 1, 0, c), round(predicted_tokens_per_second(1.6, 1, 4, c), 2)
+    (20.0, 23.53)
+    """
+    return 1000.0 * block_efficiency / costs.step_ms(k, length)
+
+
+def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 5) -> Costs:
+    """Time the decoder's own target call on each tree size in ``sizes`` (positions, root included) and
+    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache; median
+    of ``repeats`` (one untimed call first)."""
+    import torch
+
+    from .decoder import _FeatureRunner, _is_feature_draft, _Runner
+    from .sampling import Sampling, next_token_laws
+    from .tree import DraftTree, tree_inputs
+
+    sampling = Sampling() if sampling is None else sampling
+
+    def median_ms(call) -> float:
+        call()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return 1000.0 * sorted(times)[len(times) // 2]
+
+    target_ms, draft_ms = {}, {}
+    with torch.inference_mode():
+        t = _Runner(target, "target")
+        t.feed(context[:-1])
+        past = t.length()
+        for n in sorted(set(sizes)):
+            rows = torch.tensor([context[-1:] * (n - 1)]) if n > 1 else None  # one chain: n positions
+            tree = DraftTree.from_rows(rows, context[-1]) if n > 1 else DraftTree.root_only(context[-1])
+
+            def target_call():
+                ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=t.dtype, device=t.device)
+                next_token_laws(t.forward(ids, positions, mask, keep=tree.size)[0], sampling, dtype=torch.float64)
+                t.truncate(past)
+
+            target_ms[n] = median_ms(target_call)
+        features = _is_feature_draft(draft)
+        for b in sorted(set(batches)):
+            d = (_FeatureRunner if features else _Runner)(draft, "draft")
+            if features:
+                H = draft.config.hidden_size
+                d.feed(context, torch.zeros(len(context), H, dtype=d.dtype, device=d.device))
+            else:
+                d.feed(context)
+            if b > 1:
+                d.cache.batch_repeat_interleave(b)
+            length = d.length()
+            ids = torch.tensor([context[-1:]] * b, device=d.device)  # [b, 1]
+            positions = torch.full((b, 1), length, dtype=torch.int64, device=d.device)
+
+            def draft_call():
+                if features:
+                    hidden = d.forward(ids, positions, torch.zeros(b, 1, H, dtype=d.dtype, device=d.device))
+                    logits = d.logits(hidden[:, -1])
+                else:
+                    logits = d.forward(ids, positions, keep=1)[:, -1]
+                next_token_laws(logits, sampling, dtype=torch.float64)
+                d.truncate(length)
+
+            draft_ms[b] = median_ms(draft_call)
+    return Costs(target_ms, draft_ms, len(context))
+
+
+def cost_lines(costs: Costs) -> list[str]:
+    """The measured costs as printed under the conditions."""
+    t1 = costs.target_ms[min(costs.target_ms)]
+    tree = ", ".join(f"T({n}) {ms:.1f} ms = {ms / t1:.2f} T(1)" for n, ms in sorted(costs.target_ms.items()))
+    drafts = ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in sorted(costs.draft_ms.items()))
+    return [f"cost model (after a {costs.context}-token context, median of 5): target call on n positions: {tree}",
+            f"cost model: draft call: {drafts}; predicted tokens/s = 1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))"]
 
 
 def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
@@ -202,6 +341,9 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                 row.contender = replace(row.contender, name="hf assisted (peer draft, defaults)")
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft)
+    ours = [r.contender for r in rows if r.contender.kind == "speculative"]
+    costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
+                          [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -231,32 +373,54 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         out(line)
     if isinstance(draft, FeatureDraft):
         out("draft: reads the target's features (EAGLE-style; embedding and head are the target's, not counted)")
+    from .draft_vocab import draft_vocab_of
+
+    S = draft_vocab_of(draft)
+    out(f"draft vocabulary: {'the whole vocabulary' if S is None else f'the {S} most frequent tokens (FR-Spec)'}; "
+        f"every contender runs in {dtype}")
     if hf and peer_draft is not None:
         out(f"hf assisted row: peer draft {type(peer_draft).__name__} "
             f"{sum(p.numel() for p in peer_draft.parameters()):,} parameters (transformers cannot feed a feature draft)")
     if load_start is not None:
         out(f"load average (1, 5, 15 min) at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
             f"at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    for line in cost_lines(costs):
+        out(line)
     out("")
-    out(format_table(rows))
+    out(format_table(rows, costs))
     return rows
 
 
-def format_table(rows: list[Row]) -> str:
+def best_speculative(rows: list[Row]) -> Row | None:
+    """The speculative row with the most tokens/s."""
+    ours = [r for r in rows if r.contender.kind == "speculative" and r.wall_seconds > 0]
+    return max(ours, key=lambda r: r.tokens_per_second, default=None)
+
+
+def _predicted(r: Row, costs: Costs | None) -> str:
+    c = r.contender
+    if costs is None or c.kind == "hf_assisted" or not r.target_calls:
+        return "-"
+    length = c.length if c.kind == "speculative" else 0
+    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs):.1f}"
+
+
+def format_table(rows: list[Row], costs: Costs | None = None) -> str:
+    """The markdown table; with ``costs``, a column of the cost model's predicted tokens/s."""
     ar = next((r for r in rows if r.contender.kind == "autoregressive"), None)
     base = ar.tokens_per_second if ar is not None else float("nan")
     head = (f"| {'contender':<36} | tokens | target calls | block efficiency | acceptance at depth 1 | "
-            f"draft calls | wall s | target s | draft s | tokens/s | speedup |")
+            f"draft calls | wall s | target s | draft s | tokens/s | predicted tokens/s | speedup |")
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
-        draft_calls = str(r.draft_calls) if r.contender.kind != "autoregressive" else "-"
-        ours = r.contender.kind != "hf_assisted"
+        draft_calls = str(r.draft_calls) if r.contender.kind in ("speculative", "hf_assisted") else "-"
+        ours = not r.contender.kind.startswith("hf_")
         target_s = f"{r.target_seconds:.1f}" if ours else "-"
         draft_s = f"{r.draft_seconds:.1f}" if r.contender.kind == "speculative" else "-"
         lines.append(
             f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
             f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {target_s:>8} | {draft_s:>7} | "
-            f"{r.tokens_per_second:>8.1f} | {r.tokens_per_second / base:>7.2f} |"
+            f"{r.tokens_per_second:>8.1f} | {_predicted(r, costs):>18} | {r.tokens_per_second / base:>7.2f} |"
         )
     return "\n".join(lines)
