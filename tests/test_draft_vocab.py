@@ -223,3 +223,24 @@ def test_bench_runs_and_names_a_restricted_draft():
     assert "the 5 most frequent tokens (FR-Spec)" in text and "predicted tokens/s" in text
     assert [r.contender.name for r in rows] == ["autoregressive", "speculative k=1 L=2", "kseq k=2 L=2"]
     assert all(r.new_tokens == 4 for r in rows)
+
+
+def test_feature_draft_loads_and_runs_in_its_targets_bfloat16(tmp_path):
+    """A bfloat16 target gets a bfloat16 feature draft (fc, layers, head): its hidden states and logits are
+    bfloat16, and the processed law from them is float64, zero outside a restricted vocabulary, summing to 1."""
+    from otm.decode.feature_draft import draft_logits, load_feature_draft, save_feature_draft
+
+    target = tiny_llama(1)
+    save_feature_draft(build_feature_draft(target, seed=3), tmp_path / "fd")
+    target = target.to(torch.bfloat16)
+    draft = load_feature_draft(tmp_path / "fd", target)
+    assert draft.fc.weight.dtype == torch.bfloat16
+    assert {p.dtype for p in draft.model.parameters()} == {torch.bfloat16}
+    restrict_draft(draft, 5, ranking_with_prefix(SUBSET))
+    with torch.inference_mode():
+        logits = draft_logits(draft, target, torch.tensor([[3, 5, 1]]))[0]  # [3, V]
+    assert logits.dtype == torch.bfloat16
+    law = next_token_laws(logits, Sampling(), dtype=torch.float64)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[SUBSET] = False
+    assert (law[:, outside] == 0).all() and torch.allclose(law.sum(-1), torch.ones(3, dtype=torch.float64))

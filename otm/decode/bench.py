@@ -223,10 +223,13 @@ def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, co
     return 1000.0 * block_efficiency / costs.step_ms(k, length)
 
 
-def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 5) -> Costs:
+def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 7) -> Costs:
     """Time the decoder's own target call on each tree size in ``sizes`` (positions, root included) and
-    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache; median
-    of ``repeats`` (one untimed call first)."""
+    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache.
+
+    ``repeats`` rounds, each timing every call once (interleaved, so a slow spell of a shared machine
+    hits every size alike), after one untimed round; each cost is the median over the rounds.
+    """
     import torch
 
     from .decoder import _FeatureRunner, _is_feature_draft, _Runner
@@ -234,36 +237,28 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     from .tree import DraftTree, tree_inputs
 
     sampling = Sampling() if sampling is None else sampling
-
-    def median_ms(call) -> float:
-        call()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        return 1000.0 * sorted(times)[len(times) // 2]
-
-    target_ms, draft_ms = {}, {}
+    features = _is_feature_draft(draft)
+    calls: dict[tuple[str, int], object] = {}
     with torch.inference_mode():
         t = _Runner(target, "target")
         t.feed(context[:-1])
         past = t.length()
-        for n in sorted(set(sizes)):
-            rows = torch.tensor([context[-1:] * (n - 1)]) if n > 1 else None  # one chain: n positions
+
+        def target_call(n: int):
+            rows = [context[-1:] * (n - 1)]  # one chain: the root and n - 1 nodes, n positions
             tree = DraftTree.from_rows(rows, context[-1]) if n > 1 else DraftTree.root_only(context[-1])
 
-            def target_call():
+            def call():
                 ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=t.dtype, device=t.device)
                 next_token_laws(t.forward(ids, positions, mask, keep=tree.size)[0], sampling, dtype=torch.float64)
                 t.truncate(past)
 
-            target_ms[n] = median_ms(target_call)
-        features = _is_feature_draft(draft)
-        for b in sorted(set(batches)):
+            return call
+
+        def draft_call(b: int):
             d = (_FeatureRunner if features else _Runner)(draft, "draft")
+            H = getattr(getattr(draft, "config", None), "hidden_size", 0)
             if features:
-                H = draft.config.hidden_size
                 d.feed(context, torch.zeros(len(context), H, dtype=d.dtype, device=d.device))
             else:
                 d.feed(context)
@@ -273,7 +268,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
             ids = torch.tensor([context[-1:]] * b, device=d.device)  # [b, 1]
             positions = torch.full((b, 1), length, dtype=torch.int64, device=d.device)
 
-            def draft_call():
+            def call():
                 if features:
                     hidden = d.forward(ids, positions, torch.zeros(b, 1, H, dtype=d.dtype, device=d.device))
                     logits = d.logits(hidden[:, -1])
@@ -282,8 +277,22 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
                 next_token_laws(logits, sampling, dtype=torch.float64)
                 d.truncate(length)
 
-            draft_ms[b] = median_ms(draft_call)
-    return Costs(target_ms, draft_ms, len(context))
+            return call
+
+        for n in sorted(set(sizes)):
+            calls[("target", n)] = target_call(n)
+        for b in sorted(set(batches)):
+            calls[("draft", b)] = draft_call(b)
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
+        for round_ in range(repeats + 1):
+            for key, call in calls.items():
+                t0 = time.perf_counter()
+                call()
+                if round_:  # the first round warms up
+                    times[key].append(time.perf_counter() - t0)
+    ms = {key: 1000.0 * sorted(v)[len(v) // 2] for key, v in times.items()}
+    return Costs({n: v for (kind, n), v in ms.items() if kind == "target"},
+                 {b: v for (kind, b), v in ms.items() if kind == "draft"}, len(context))
 
 
 def cost_lines(costs: Costs) -> list[str]:
@@ -291,7 +300,8 @@ def cost_lines(costs: Costs) -> list[str]:
     t1 = costs.target_ms[min(costs.target_ms)]
     tree = ", ".join(f"T({n}) {ms:.1f} ms = {ms / t1:.2f} T(1)" for n, ms in sorted(costs.target_ms.items()))
     drafts = ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in sorted(costs.draft_ms.items()))
-    return [f"cost model (after a {costs.context}-token context, median of 5): target call on n positions: {tree}",
+    return [f"cost model (after a {costs.context}-token context, median of 7 interleaved rounds): target call on n "
+            f"positions: {tree}",
             f"cost model: draft call: {drafts}; predicted tokens/s = 1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))"]
 
 
