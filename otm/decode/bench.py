@@ -25,7 +25,8 @@ runs the same models in the same dtype (``--dtype auto``: bfloat16 where the CPU
 The cost model (:class:`Costs`, :func:`measure_costs`, :func:`predicted_tokens_per_second`): before
 the table the bench times, on the first prompt's context, one target call of n positions for
 every tree size of the grid (the decoder's own call: tree mask, positions, laws) and one draft call
-at batch 1 and batch k; a row's *predicted* tokens/s is its measured block efficiency over the
+at batch 1 and batch k (the fastest of 7 interleaved rounds); a row's *predicted* tokens/s is its
+measured block efficiency over the
 step time those costs give (tree of 1 + k L positions, L draft calls). The gap between predicted
 and measured is what the model leaves out: verification, bookkeeping, trees smaller than 1 + k L
 when rows share prefixes, first-call and cache-length effects.
@@ -228,7 +229,9 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache.
 
     ``repeats`` rounds, each timing every call once (interleaved, so a slow spell of a shared machine
-    hits every size alike), after one untimed round; each cost is the median over the rounds.
+    hits every size alike), after one untimed round; each cost is the fastest of its rounds, the cost
+    of an undisturbed call (on a loaded machine medians of 7 were seen out of order, T(1) > T(3)), so
+    on a busy machine the measured tokens/s fall below the predicted by the load's share.
     """
     import torch
 
@@ -290,7 +293,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
                 call()
                 if round_:  # the first round warms up
                     times[key].append(time.perf_counter() - t0)
-    ms = {key: 1000.0 * sorted(v)[len(v) // 2] for key, v in times.items()}
+    ms = {key: 1000.0 * min(v) for key, v in times.items()}
     return Costs({n: v for (kind, n), v in ms.items() if kind == "target"},
                  {b: v for (kind, b), v in ms.items() if kind == "draft"}, len(context))
 
@@ -300,7 +303,7 @@ def cost_lines(costs: Costs) -> list[str]:
     t1 = costs.target_ms[min(costs.target_ms)]
     tree = ", ".join(f"T({n}) {ms:.1f} ms = {ms / t1:.2f} T(1)" for n, ms in sorted(costs.target_ms.items()))
     drafts = ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in sorted(costs.draft_ms.items()))
-    return [f"cost model (after a {costs.context}-token context, median of 7 interleaved rounds): target call on n "
+    return [f"cost model (after a {costs.context}-token context, fastest of 7 interleaved rounds): target call on n "
             f"positions: {tree}",
             f"cost model: draft call: {drafts}; predicted tokens/s = 1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))"]
 
