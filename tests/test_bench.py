@@ -31,6 +31,12 @@ def test_cost_model_arithmetic():
     assert c.step_ms(1, 0) == 50.0
     assert predicted_tokens_per_second(1.0, 1, 0, c) == 20.0
     assert predicted_tokens_per_second(1.8, 4, 2, c) == pytest.approx(1000 * 1.8 / 65.0)
+    # with the prefill: each of the runs' first calls is the prompt's forward, the rest are steps
+    c = Costs({1: 50.0, 9: 60.0}, {1: 2.0, 4: 3.0}, 100, prefill_ms=300.0, prompt=40, draft_prefill_ms=330.0)
+    assert predicted_tokens_per_second(1.0, 1, 0, c, new_tokens=128, runs=2) == pytest.approx(
+        1000 * 128 / (2 * 300.0 + 126 * 50.0))
+    assert predicted_tokens_per_second(1.6, 4, 2, c, new_tokens=128, runs=2) == pytest.approx(
+        1000 * 128 / (2 * 330.0 + (80 - 2) * 65.0))
 
 
 @pytest.mark.parametrize("kind", ["plain", "feature"])

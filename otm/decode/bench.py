@@ -192,6 +192,9 @@ class Costs:
     target_ms: dict[int, float]
     draft_ms: dict[int, float]
     context: int
+    prefill_ms: float = 0.0  # the first call of a run: the prompt's forward on an empty cache
+    prompt: int = 0  # the prompt's length in that measurement
+    draft_prefill_ms: float = 0.0  # the same with a feature draft (every position's logits kept: their features)
 
     def target(self, n: int) -> float:
         """ms of a target call on n positions: measured, else linear between the nearest measured sizes."""
@@ -212,21 +215,37 @@ class Costs:
         return self.target(1 + k * length) + self.draft_ms[1] + (length - 1) * self.draft_ms[k]
 
 
-def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, costs: Costs) -> float:
-    r"""Tokens/s the cost model predicts: block efficiency B (tokens per target call, measured) over
-    the step time, :math:`1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))` with T and d in ms
-    (:class:`Costs`). ``length = 0``: autoregressive, :math:`1000 / T(1)`.
+def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, costs: Costs, *,
+                                new_tokens: int = 0, runs: int = 0) -> float:
+    r"""Tokens/s the cost model predicts from the measured block efficiency B (tokens per target call).
 
-    >>> c = Costs({1: 50.0, 5: 60.0}, {1: 2.0}, 100)
+    Steady state (``runs = 0``): :math:`1000 B / S` with the step time
+    :math:`S = T(1 + kL) + d(1) + (L - 1) d(k)` in ms (:class:`Costs`); ``length = 0``:
+    autoregressive, :math:`S = T(1)`. With ``runs`` runs emitting ``new_tokens`` in all, each run's
+    first call is the prompt's prefill P (``costs.prefill_ms``; ``draft_prefill_ms`` for speculative
+    rows, where a feature draft keeps every prompt position; it drafts nothing) and the other
+    :math:`N / B - \text{runs}` calls are steps: tokens/s :math:`= 1000 N / (\text{runs} P + (N / B - \text{runs}) S)`.
+    The prefill costs every contender the same, so it dilutes every speed-up.
+
+    >>> c = Costs({1: 50.0, 5: 60.0}, {1: 2.0}, 100, prefill_ms=300.0)
     >>> predicted_tokens_per_second(1.0, 1, 0, c), round(predicted_tokens_per_second(1.6, 1, 4, c), 2)
     (20.0, 23.53)
+    >>> round(predicted_tokens_per_second(1.0, 1, 0, c, new_tokens=64, runs=1), 2)  # 64000 / (300 + 63 * 50)
+    18.55
     """
-    return 1000.0 * block_efficiency / costs.step_ms(k, length)
+    step = costs.step_ms(k, length)
+    if not runs:
+        return 1000.0 * block_efficiency / step
+    calls = new_tokens / block_efficiency
+    prefill = costs.draft_prefill_ms if length and costs.draft_prefill_ms else costs.prefill_ms
+    return 1000.0 * new_tokens / (runs * prefill + max(calls - runs, 0.0) * step)
 
 
-def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 7) -> Costs:
+def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 7,
+                  prompt: list[int] | None = None) -> Costs:
     """Time the decoder's own target call on each tree size in ``sizes`` (positions, root included) and
-    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache.
+    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache, and the
+    prefill of ``prompt`` (default ``context``) on an empty cache.
 
     ``repeats`` rounds, each timing every call once (interleaved, so a slow spell of a shared machine
     hits every size alike), after one untimed round; each cost is the fastest of its rounds, the cost
@@ -240,6 +259,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     from .tree import DraftTree, tree_inputs
 
     sampling = Sampling() if sampling is None else sampling
+    prompt = list(context if prompt is None else prompt)
     features = _is_feature_draft(draft)
     calls: dict[tuple[str, int], object] = {}
     with torch.inference_mode():
@@ -282,6 +302,17 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
 
             return call
 
+        def prefill_call(keep_all: bool):
+            def call():
+                p = _Runner(target, "target")
+                logits = p.forward(*p.chain(prompt), keep=len(prompt) if keep_all else 1)
+                next_token_laws(logits[0, -1:], sampling, dtype=torch.float64)
+
+            return call
+
+        calls[("prefill", 0)] = prefill_call(False)
+        if features:  # a feature draft's first pass keeps every prompt position's logits (their features)
+            calls[("prefill", 1)] = prefill_call(True)
         for n in sorted(set(sizes)):
             calls[("target", n)] = target_call(n)
         for b in sorted(set(batches)):
@@ -295,7 +326,9 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
                     times[key].append(time.perf_counter() - t0)
     ms = {key: 1000.0 * min(v) for key, v in times.items()}
     return Costs({n: v for (kind, n), v in ms.items() if kind == "target"},
-                 {b: v for (kind, b), v in ms.items() if kind == "draft"}, len(context))
+                 {b: v for (kind, b), v in ms.items() if kind == "draft"}, len(context),
+                 prefill_ms=ms[("prefill", 0)], prompt=len(prompt),
+                 draft_prefill_ms=ms.get(("prefill", 1), ms[("prefill", 0)]))
 
 
 def cost_lines(costs: Costs) -> list[str]:
@@ -305,7 +338,9 @@ def cost_lines(costs: Costs) -> list[str]:
     drafts = ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in sorted(costs.draft_ms.items()))
     return [f"cost model (after a {costs.context}-token context, fastest of 7 interleaved rounds): target call on n "
             f"positions: {tree}",
-            f"cost model: draft call: {drafts}; predicted tokens/s = 1000 B / (T(1 + kL) + d(1) + (L - 1) d(k))"]
+            f"cost model: draft call: {drafts}; prefill of a {costs.prompt}-token prompt {costs.prefill_ms:.0f} ms "
+            f"({costs.draft_prefill_ms:.0f} ms keeping every position for a feature draft); "
+            f"predicted tokens/s = 1000 N / (runs P + (N / B - runs) S), S = T(1 + kL) + d(1) + (L - 1) d(k)"]
 
 
 def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
@@ -356,7 +391,8 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft)
     ours = [r.contender for r in rows if r.contender.kind == "speculative"]
     costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
-                          [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling)
+                          [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling,
+                          prompt=prompts[0])
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -415,7 +451,7 @@ def _predicted(r: Row, costs: Costs | None) -> str:
     if costs is None or c.kind == "hf_assisted" or not r.target_calls:
         return "-"
     length = c.length if c.kind == "speculative" else 0
-    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs):.1f}"
+    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs, new_tokens=r.new_tokens, runs=r.runs):.1f}"
 
 
 def format_table(rows: list[Row], costs: Costs | None = None) -> str:
