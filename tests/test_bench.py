@@ -50,21 +50,23 @@ def test_measure_costs_times_every_requested_call(kind):
 
 
 def test_table_has_the_predicted_column_and_the_best_row():
-    ar = Row(Contender("autoregressive", "autoregressive"), new_tokens=100, target_calls=100, wall_seconds=5.0)
+    ar = Row(Contender("autoregressive", "autoregressive"), new_tokens=100, target_calls=100, wall_seconds=5.0,
+             cpu_seconds=4.0)
     hf = Row(Contender("hf assisted (transformers defaults)", "hf_assisted"), new_tokens=100, target_calls=70,
              draft_calls=90, wall_seconds=4.0)
     a = Row(Contender("speculative k=1 L=2", "speculative", 1, 2, "speculative", "iid"), new_tokens=100,
             target_calls=60, draft_calls=120, wall_seconds=4.5)
     b = Row(Contender("kseq k=4 L=2", "speculative", 4, 2, "kseq", "iid"), new_tokens=100, target_calls=55,
-            draft_calls=110, wall_seconds=3.9)
+            draft_calls=110, wall_seconds=3.9, cpu_seconds=2.5)
     costs = Costs({1: 50.0, 3: 52.0, 9: 60.0}, {1: 2.0, 4: 3.0}, 100)
     lines = format_table([ar, hf, a, b], costs).splitlines()
-    assert "predicted tokens/s" in lines[0]
+    assert "predicted tokens/s" in lines[0] and lines[0].rstrip(" |").endswith("speedup in CPU time")
     cells = {line.split("|")[1].strip(): [x.strip() for x in line.split("|")[2:-1]] for line in lines[2:]}
-    assert cells["autoregressive"][-2] == "20.0"  # 1000 / T(1)
-    assert cells["hf assisted (transformers defaults)"][-2] == "-"  # its peer draft's costs are not measured
-    assert cells["kseq k=4 L=2"][-2] == f"{1000 * (100 / 55) / 65.0:.1f}"
-    assert cells["kseq k=4 L=2"][-1] == f"{(100 / 3.9) / 20.0:.2f}"  # speed-up over autoregressive
+    assert cells["autoregressive"][-3] == "20.0"  # 1000 / T(1)
+    assert cells["hf assisted (transformers defaults)"][-3] == "-"  # its peer draft's costs are not measured
+    assert cells["kseq k=4 L=2"][-3] == f"{1000 * (100 / 55) / 65.0:.1f}"
+    assert cells["kseq k=4 L=2"][-2] == f"{(100 / 3.9) / 20.0:.2f}"  # speed-up over autoregressive
+    assert cells["kseq k=4 L=2"][-1] == f"{(100 / 2.5) / (100 / 4.0):.2f}"  # the same in CPU seconds
     assert best_speculative([ar, hf, a, b]) is b
     no_costs = format_table([ar, a]).splitlines()[2:]  # without costs: "-" in the predicted column
-    assert [line.split("|")[-3].strip() for line in no_costs] == ["-", "-"]
+    assert [line.split("|")[-4].strip() for line in no_costs] == ["-", "-"]

@@ -18,8 +18,10 @@ Contenders, all on the same models, prompts, sampling and token budget, in one r
 Every prompt runs every contender in turn (interleaved), so a slow spell of the shared machine
 hits all of them alike. Seeds are per (prompt, contender). Figures are totals over the prompts:
 block efficiency = new tokens / target calls, tokens/s = new tokens / wall seconds, speedup =
-tokens/s over the autoregressive row's; ``target s`` and ``draft s`` split our rows' step time
-(target forward + laws; drafting), the rest being verification and bookkeeping. Every contender
+tokens/s over the autoregressive row's; speedup in CPU time = the same ratio with this process's CPU
+seconds (``time.process_time``; one torch thread) instead of wall seconds: on a shared machine it
+leaves out the time the process waited for a core, though not the memory bandwidth other jobs take.
+``target s`` and ``draft s`` split our rows' step time (target forward + laws; drafting), the rest being verification and bookkeeping. Every contender
 runs the same models in the same dtype (``--dtype auto``: bfloat16 where the CPU has it natively).
 
 The cost model (:class:`Costs`, :func:`measure_costs`, :func:`predicted_tokens_per_second`): before
@@ -70,6 +72,7 @@ class Row:
     target_calls: int = 0
     draft_calls: int = 0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time over the same runs (time.process_time)
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     verified1: int = 0
@@ -84,6 +87,10 @@ class Row:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds else float("nan")
+
+    @property
+    def tokens_per_cpu_second(self) -> float:
+        return self.new_tokens / self.cpu_seconds if self.cpu_seconds else float("nan")
 
 
 def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
@@ -400,12 +407,14 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             c = row.contender
             run_seed = seed * 1_000_003 + i * 1009 + j
             bar.set_postfix_str(c.name)
+            cpu_start = time.process_time()
             new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed,
                                                            hf_draft)
             row.new_tokens += new
             row.target_calls += calls
             row.draft_calls += draft_calls
             row.wall_seconds += seconds
+            row.cpu_seconds += time.process_time() - cpu_start
             if stats is not None:
                 row.target_seconds += stats.target_seconds
                 row.draft_seconds += stats.draft_seconds
@@ -458,8 +467,9 @@ def format_table(rows: list[Row], costs: Costs | None = None) -> str:
     """The markdown table; with ``costs``, a column of the cost model's predicted tokens/s."""
     ar = next((r for r in rows if r.contender.kind == "autoregressive"), None)
     base = ar.tokens_per_second if ar is not None else float("nan")
+    base_cpu = ar.tokens_per_cpu_second if ar is not None else float("nan")
     head = (f"| {'contender':<36} | tokens | target calls | block efficiency | acceptance at depth 1 | "
-            f"draft calls | wall s | target s | draft s | tokens/s | predicted tokens/s | speedup |")
+            f"draft calls | wall s | target s | draft s | tokens/s | predicted tokens/s | speedup | speedup in CPU time |")
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
@@ -470,6 +480,7 @@ def format_table(rows: list[Row], costs: Costs | None = None) -> str:
         lines.append(
             f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
             f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {target_s:>8} | {draft_s:>7} | "
-            f"{r.tokens_per_second:>8.1f} | {_predicted(r, costs):>18} | {r.tokens_per_second / base:>7.2f} |"
+            f"{r.tokens_per_second:>8.1f} | {_predicted(r, costs):>18} | {r.tokens_per_second / base:>7.2f} | "
+            f"{r.tokens_per_cpu_second / base_cpu:>19.2f} |"
         )
     return "\n".join(lines)
