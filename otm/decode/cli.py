@@ -12,6 +12,11 @@ stderr; ``--json`` prints one object.
     otm profile [--target DIR --draft DIR] [--prompts FILE] [-k 1,2,4,8] [--length 4] [--temperature 1]
                 [--positions 8] [--json] [--plot DIR] [--seed 0] [--threads N] [--no-check]
 
+All three take ``--dtype auto`` (default: bfloat16 where the CPU has native bfloat16 or the GPU
+supports it, else float32; :func:`otm.decode.models.resolve_dtype`) and ``--draft-vocab auto|full|S``
+(the draft proposes among the S most frequent tokens, :mod:`otm.decode.draft_vocab`; auto: 4096 for
+the embedded pair, the whole vocabulary otherwise).
+
 ``otm profile`` (library: :mod:`otm.decode.profile`) answers "for my target and draft, on my
 prompts, how much would k drafts and which verifier buy, and what is the ceiling alpha*?".
 
