@@ -171,6 +171,9 @@ def test_resolve_dtype(monkeypatch):
     assert "no native bfloat16" in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(OtmError):
         resolve_dtype("float8")
+    with pytest.raises(OtmError) as exc:
+        resolve_dtype("auto", "nonsense")
+    assert "unknown torch device" in str(exc.value)
 
 
 def test_cli_refuses_bad_draft_vocab_and_bf16_without_support(tmp_path, capsys, monkeypatch):

@@ -21,17 +21,19 @@ block efficiency = new tokens / target calls, tokens/s = new tokens / wall secon
 tokens/s over the autoregressive row's; speedup in CPU time = the same ratio with this process's CPU
 seconds (``time.process_time``; one torch thread) instead of wall seconds: on a shared machine it
 leaves out the time the process waited for a core, though not the memory bandwidth other jobs take.
-``target s`` and ``draft s`` split our rows' step time (target forward + laws; drafting), the rest being verification and bookkeeping. Every contender
-runs the same models in the same dtype (``--dtype auto``: bfloat16 where the CPU has it natively).
+``target s`` and ``draft s`` split our rows' step time (target forward + laws; drafting), the rest
+being verification and bookkeeping. Every contender runs the same models in the same dtype
+(``--dtype auto``: bfloat16 where the CPU has it natively).
 
 The cost model (:class:`Costs`, :func:`measure_costs`, :func:`predicted_tokens_per_second`): before
 the table the bench times, on the first prompt's context, one target call of n positions for
-every tree size of the grid (the decoder's own call: tree mask, positions, laws) and one draft call
-at batch 1 and batch k (the fastest of 7 interleaved rounds); a row's *predicted* tokens/s is its
-measured block efficiency over the
-step time those costs give (tree of 1 + k L positions, L draft calls). The gap between predicted
-and measured is what the model leaves out: verification, bookkeeping, trees smaller than 1 + k L
-when rows share prefixes, first-call and cache-length effects.
+every tree size of the grid (the decoder's own call: tree mask, positions, laws), one draft call
+at batch 1 and batch k and the prompt's prefill (the fastest of 7 interleaved rounds); a row's
+*predicted* tokens/s is its measured tokens over the time those costs give (each run's prefill,
+then steps of a tree of 1 + k L positions and L draft calls). The gap between predicted and
+measured is what the model leaves out: verification, bookkeeping, trees smaller than 1 + k L when
+rows share prefixes, cache-length effects, and the load of a shared machine (the costs are the
+fastest rounds).
 """
 
 from __future__ import annotations

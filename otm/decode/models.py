@@ -45,12 +45,21 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
     return [f for f in (*_BF16_FLAGS, "bf16") if f in flags]
 
 
+def _device_type(device) -> str:
+    import torch
+
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        raise OtmError(f"unknown torch device {device!r}: use cpu, cuda or cuda:N") from None
+
+
 def auto_dtype(device="cpu"):
     """bfloat16 where the device computes it natively (CPU: :func:`cpu_bf16_flags`; CUDA:
     ``torch.cuda.is_bf16_supported()``), else float32."""
     import torch
 
-    kind = torch.device(device).type
+    kind = _device_type(device)
     if kind == "cuda":
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
     if kind == "cpu":
@@ -72,7 +81,7 @@ def resolve_dtype(name, device="cpu"):
         raise OtmError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     if name == "auto":
         return auto_dtype(device)
-    if name == "bfloat16" and torch.device(device).type == "cpu" and not cpu_bf16_flags():
+    if name == "bfloat16" and _device_type(device) == "cpu" and not cpu_bf16_flags():
         raise OtmError("this CPU has no native bfloat16 (no avx512_bf16, amx_bf16 or bf16 flag in /proc/cpuinfo): "
                        "use --dtype float32, or --dtype auto")
     return getattr(torch, name)
