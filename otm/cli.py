@@ -286,9 +286,9 @@ def _cmd_demo(args) -> int:
     return _demo_decode(args)
 
 
-DEMO_GRID = {"ks": [1, 4], "lengths": [2], "verifiers": ["rrs_without_replacement"]}
-"""The demo's contenders besides autoregressive: k = 1 (speculative sampling) and RRS without
-replacement at k = 4, depth 2 (the fastest rows of docs/decode.md's table on the 2-core CPU)."""
+DEMO_GRID = {"ks": [1, 4], "lengths": [2], "verifiers": ["kseq"]}
+"""The demo's contenders besides autoregressive: k = 1 (speculative sampling) and K-SEQ at k = 4,
+depth 2 (the fastest row of docs/decode.md's table on the 2-core CPU, 1.38-1.39x in its last runs)."""
 
 
 def _demo_decode(args) -> int:
@@ -307,7 +307,7 @@ def _demo_decode(args) -> int:
     g = DEMO_GRID
     print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target, feature")
     print(f"draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens), every contender in {dtype}, one thread:")
-    print("autoregressive vs k = 1 (speculative sampling) vs k = 4 (RRS without replacement), L = 2\n")
+    print("autoregressive vs k = 1 (speculative sampling) vs k = 4 (K-SEQ), L = 2\n")
     print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
     target, draft, tokenizer = load_pair(None, None, dtype=dtype, device="cpu", draft_vocab=DEFAULT_DRAFT_VOCAB)
     name = str(dtype).removeprefix("torch.")
