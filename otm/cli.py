@@ -295,25 +295,46 @@ def _cmd_demo(args) -> int:
     return _demo_decode(args)
 
 
+DEMO_GRID = {"ks": [1, 4], "lengths": [2], "verifiers": ["kseq"]}
+"""The demo's contenders besides autoregressive: k = 1 (speculative sampling) and K-SEQ at k = 4,
+depth 2 (the fastest row of docs/decode.md's table on the 2-core CPU, 1.38-1.39x in its last runs)."""
+
+
 def _demo_decode(args) -> int:
-    """Part 2: a short decode with the embedded models, autoregressive vs k = 1 vs k = 4 (K-SEQ)."""
+    """Part 2: a short decode with the embedded models, autoregressive vs speculative, and the measured speed-up."""
+    import os
+
     import torch
 
-    from .decode.bench import run_bench
+    from .decode.bench import best_speculative, run_bench
+    from .decode.draft_vocab import DEFAULT_DRAFT_VOCAB
+    from .decode.models import load_pair, resolve_dtype
     from .decode.sampling import Sampling
-    from .decode.models import load_pair
 
     torch.set_num_threads(1)  # measured here: one thread per process is faster and steadier on 2 cores
-    print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target,")
-    print("distilled draft), autoregressive vs k = 1 (speculative sampling) vs k = 4 (K-SEQ), L = 4\n")
+    dtype = resolve_dtype("auto")
+    g = DEMO_GRID
+    print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target, feature")
+    print(f"draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens), every contender in {dtype}, one thread:")
+    print("autoregressive vs k = 1 (speculative sampling) vs k = 4 (K-SEQ), L = 2\n")
     print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
-    target, draft, tokenizer = load_pair(None, None, dtype=torch.float32, device="cpu")
-    command = f"otm bench-decode --k 1,4 --length 4 --verifiers kseq --prompts {args.prompts} " \
-              f"--max-new-tokens {args.max_new_tokens} --no-hf --threads 1"
-    run_bench(target, draft, tokenizer, ks=[1, 4], lengths=[4], verifiers=["kseq"], sampling=Sampling(),
-              max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0, hf=False,
-              progress=True, command=command)
-    print("\nThe full table (every verifier, k in 1,2,4,8, L in 2,4,8, transformers' assisted generation):")
+    target, draft, tokenizer = load_pair(None, None, dtype=dtype, device="cpu", draft_vocab=DEFAULT_DRAFT_VOCAB)
+    name = str(dtype).removeprefix("torch.")
+    command = (f"otm bench-decode --k {','.join(map(str, g['ks']))} --length {','.join(map(str, g['lengths']))} "
+               f"--verifiers {','.join(g['verifiers'])} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+               f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1")
+    rows = run_bench(target, draft, tokenizer, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"],
+                     sampling=Sampling(), max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
+                     hf=False, progress=True, command=command)
+    ar = next(r for r in rows if r.contender.kind == "autoregressive")
+    best = best_speculative(rows)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nautoregressive: {ar.tokens_per_second:.1f} tokens/s; best speculative row: {best.contender.name}, "
+          f"{best.tokens_per_second:.1f} tokens/s = {best.tokens_per_second / ar.tokens_per_second:.2f}x "
+          f"autoregressive (this run, {name}, one thread, {args.prompts} prompts x {args.max_new_tokens} tokens; "
+          f"{best.tokens_per_cpu_second / ar.tokens_per_cpu_second:.2f}x in CPU time; load average {load:.2f} at the "
+          f"end: other work on the machine slows every row and blurs the ratio)")
+    print("\nThe full table (every verifier, k in 1,2,4,8, L in 2,4,8, transformers' generate and assisted generation):")
     print("  otm bench-decode --threads 1")
     return 0
 

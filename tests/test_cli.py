@@ -96,9 +96,15 @@ def test_demo_decodes_with_the_embedded_models():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "contender" not in line]
-    assert [r.split("|")[1].strip() for r in rows] == ["autoregressive", "speculative k=1 L=4", "kseq k=4 L=4"]
+    from otm.cli import DEMO_GRID
+
+    names = ["autoregressive"] + [f"speculative k=1 L={L}" for L in DEMO_GRID["lengths"]] + [
+        f"{v} k={k} L={L}" for v in DEMO_GRID["verifiers"] for k in DEMO_GRID["ks"] if k > 1 for L in DEMO_GRID["lengths"]]
+    assert [r.split("|")[1].strip() for r in rows] == names
     for r in rows:
         assert int(r.split("|")[2]) == 8  # every contender emitted its 8 tokens
+    best = [line for line in proc.stdout.splitlines() if line.startswith("autoregressive: ")]
+    assert len(best) == 1 and "best speculative row: " in best[0] and "x autoregressive (this run" in best[0]
 
 
 def test_lp_too_large_is_skipped_and_said(capsys):

@@ -3,6 +3,8 @@
 Contenders, all on the same models, prompts, sampling and token budget, in one run:
 
 * ``autoregressive``: :func:`otm.decode.autoregressive_decode` (block efficiency 1 by definition);
+* ``hf generate (autoregressive)``: transformers' own ``target.generate(do_sample=True)``, the
+  same sampling in the same dtype (a peer check that our autoregressive loop is not slow);
 * ``hf assisted``: transformers' own assisted generation, ``target.generate(...,
   assistant_model=draft, do_sample=True)`` with transformers' default assistant settings; its
   target calls are counted by a forward hook on the target. transformers cannot run a draft that
@@ -16,8 +18,22 @@ Contenders, all on the same models, prompts, sampling and token budget, in one r
 Every prompt runs every contender in turn (interleaved), so a slow spell of the shared machine
 hits all of them alike. Seeds are per (prompt, contender). Figures are totals over the prompts:
 block efficiency = new tokens / target calls, tokens/s = new tokens / wall seconds, speedup =
-tokens/s over the autoregressive row's; ``target s`` and ``draft s`` split our rows' step time
-(target forward + laws; drafting), the rest being verification and bookkeeping.
+tokens/s over the autoregressive row's; speedup in CPU time = the same ratio with this process's CPU
+seconds (``time.process_time``; one torch thread) instead of wall seconds: on a shared machine it
+leaves out the time the process waited for a core, though not the memory bandwidth other jobs take.
+``target s`` and ``draft s`` split our rows' step time (target forward + laws; drafting), the rest
+being verification and bookkeeping. Every contender runs the same models in the same dtype
+(``--dtype auto``: bfloat16 where the CPU has it natively).
+
+The cost model (:class:`Costs`, :func:`measure_costs`, :func:`predicted_tokens_per_second`): before
+the table the bench times, on the first prompt's context, one target call of n positions for
+every tree size of the grid (the decoder's own call: tree mask, positions, laws), one draft call
+at batch 1 and batch k and the prompt's prefill (the fastest of 7 interleaved rounds); a row's
+*predicted* tokens/s is its measured tokens over the time those costs give (each run's prefill,
+then steps of a tree of 1 + k L positions and L draft calls). The gap between predicted and
+measured is what the model leaves out: verification, bookkeeping, trees smaller than 1 + k L when
+rows share prefixes, cache-length effects, and the load of a shared machine (the costs are the
+fastest rounds).
 """
 
 from __future__ import annotations
@@ -58,6 +74,7 @@ class Row:
     target_calls: int = 0
     draft_calls: int = 0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time over the same runs (time.process_time)
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     verified1: int = 0
@@ -73,6 +90,10 @@ class Row:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds else float("nan")
 
+    @property
+    def tokens_per_cpu_second(self) -> float:
+        return self.new_tokens / self.cpu_seconds if self.cpu_seconds else float("nan")
+
 
 SCHEME_VARIANTS = {"traversal_without_replacement": ("traversal", "without_replacement")}
 """Bench names of a rule run on the other draft scheme: name -> (verifier, scheme)."""
@@ -84,6 +105,7 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
 
     rows = [Contender("autoregressive", "autoregressive")]
     if hf:
+        rows.append(Contender("hf generate (autoregressive)", "hf_generate"))
         rows.append(Contender("hf assisted (transformers defaults)", "hf_assisted"))
     if 1 in ks:
         for L in lengths:
@@ -112,6 +134,12 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
+def _hf_generate(target, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
+    """transformers' own sampling loop, ``target.generate(do_sample=True)`` with the run's sampling:
+    (new tokens, target calls, 0, seconds); calls counted by a forward hook."""
+    return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed)
+
+
 def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
     """transformers' assisted generation: (new tokens, target calls, draft calls, seconds).
 
@@ -123,17 +151,17 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     import torch
 
     calls = [0, 0]
-    hooks = [
-        target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)),
-        draft.register_forward_hook(lambda *_: calls.__setitem__(1, calls[1] + 1)),
-    ]
+    hooks = [target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))]
+    if draft is not None:
+        hooks.append(draft.register_forward_hook(lambda *_: calls.__setitem__(1, calls[1] + 1)))
+    assistant = {} if draft is None else {"assistant_model": draft}
     try:
         inp = torch.tensor([ids], device=target.device)
         torch.manual_seed(seed)
         start = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(
-                inp, attention_mask=torch.ones_like(inp), assistant_model=draft, do_sample=sampling.temperature > 0,
+                inp, attention_mask=torch.ones_like(inp), **assistant, do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None, top_k=sampling.top_k,
                 top_p=sampling.top_p, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
             )
@@ -151,6 +179,8 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
 
     if c.kind == "hf_assisted":
         return (*_hf_assisted(target, hf_draft, ids, sampling, max_new_tokens, eos, seed), None)
+    if c.kind == "hf_generate":
+        return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     else:
@@ -158,6 +188,172 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
                                sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
+
+
+# -- the cost model ----------------------------------------------------------------------------
+
+
+@dataclass
+class Costs:
+    """Measured costs of the decoder's two kinds of calls, in milliseconds (:func:`measure_costs`).
+
+    ``target_ms[n]``: one target call on n positions (the root and n - 1 tree nodes after a cached
+    context: the tree's 4D mask and positions, the forward, the float64 laws of the n positions);
+    ``draft_ms[b]``: one draft call on b rows of one new element each (forward, head, laws).
+    """
+
+    target_ms: dict[int, float]
+    draft_ms: dict[int, float]
+    context: int
+    prefill_ms: float = 0.0  # the first call of a run: the prompt's forward on an empty cache
+    prompt: int = 0  # the prompt's length in that measurement
+    draft_prefill_ms: float = 0.0  # the same with a feature draft (every position's logits kept: their features)
+
+    def target(self, n: int) -> float:
+        """ms of a target call on n positions: measured, else linear between the nearest measured sizes."""
+        if n in self.target_ms:
+            return self.target_ms[n]
+        sizes = sorted(self.target_ms)
+        lo = max((x for x in sizes if x < n), default=sizes[0])
+        hi = min((x for x in sizes if x > n), default=sizes[-1])
+        if lo == hi:
+            return self.target_ms[lo]
+        return self.target_ms[lo] + (n - lo) * (self.target_ms[hi] - self.target_ms[lo]) / (hi - lo)
+
+    def step_ms(self, k: int, length: int) -> float:
+        """ms of one step of k rows of depth L: a target call on 1 + k L positions (the most a tree of
+        k rows can have) and L draft calls (the first at batch 1, the next L - 1 at batch k)."""
+        if length == 0:
+            return self.target(1)
+        return self.target(1 + k * length) + self.draft_ms[1] + (length - 1) * self.draft_ms[k]
+
+
+def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, costs: Costs, *,
+                                new_tokens: int = 0, runs: int = 0) -> float:
+    r"""Tokens/s the cost model predicts from the measured block efficiency B (tokens per target call).
+
+    Steady state (``runs = 0``): :math:`1000 B / S` with the step time
+    :math:`S = T(1 + kL) + d(1) + (L - 1) d(k)` in ms (:class:`Costs`); ``length = 0``:
+    autoregressive, :math:`S = T(1)`. With ``runs`` runs emitting ``new_tokens`` in all, each run's
+    first call is the prompt's prefill P (``costs.prefill_ms``; ``draft_prefill_ms`` for speculative
+    rows, where a feature draft keeps every prompt position; it drafts nothing) and the other
+    :math:`N / B - \text{runs}` calls are steps: tokens/s :math:`= 1000 N / (\text{runs} P + (N / B - \text{runs}) S)`.
+    The prefill costs every contender the same, so it dilutes every speed-up.
+
+    >>> c = Costs({1: 50.0, 5: 60.0}, {1: 2.0}, 100, prefill_ms=300.0)
+    >>> predicted_tokens_per_second(1.0, 1, 0, c), round(predicted_tokens_per_second(1.6, 1, 4, c), 2)
+    (20.0, 23.53)
+    >>> round(predicted_tokens_per_second(1.0, 1, 0, c, new_tokens=64, runs=1), 2)  # 64000 / (300 + 63 * 50)
+    18.55
+    """
+    step = costs.step_ms(k, length)
+    if not runs:
+        return 1000.0 * block_efficiency / step
+    calls = new_tokens / block_efficiency
+    prefill = costs.draft_prefill_ms if length and costs.draft_prefill_ms else costs.prefill_ms
+    return 1000.0 * new_tokens / (runs * prefill + max(calls - runs, 0.0) * step)
+
+
+def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 7,
+                  prompt: list[int] | None = None) -> Costs:
+    """Time the decoder's own target call on each tree size in ``sizes`` (positions, root included) and
+    its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache, and the
+    prefill of ``prompt`` (default ``context``) on an empty cache.
+
+    ``repeats`` rounds, each timing every call once (interleaved, so a slow spell of a shared machine
+    hits every size alike), after one untimed round; each cost is the fastest of its rounds, the cost
+    of an undisturbed call (on a loaded machine medians of 7 were seen out of order, T(1) > T(3)), so
+    on a busy machine the measured tokens/s fall below the predicted by the load's share.
+    """
+    import torch
+
+    from .decoder import _FeatureRunner, _is_feature_draft, _Runner
+    from .sampling import Sampling, next_token_laws
+    from .tree import DraftTree, tree_inputs
+
+    sampling = Sampling() if sampling is None else sampling
+    prompt = list(context if prompt is None else prompt)
+    features = _is_feature_draft(draft)
+    calls: dict[tuple[str, int], object] = {}
+    with torch.inference_mode():
+        t = _Runner(target, "target")
+        t.feed(context[:-1])
+        past = t.length()
+
+        def target_call(n: int):
+            rows = [context[-1:] * (n - 1)]  # one chain: the root and n - 1 nodes, n positions
+            tree = DraftTree.from_rows(rows, context[-1]) if n > 1 else DraftTree.root_only(context[-1])
+
+            def call():
+                ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=t.dtype, device=t.device)
+                next_token_laws(t.forward(ids, positions, mask, keep=tree.size)[0], sampling, dtype=torch.float64)
+                t.truncate(past)
+
+            return call
+
+        def draft_call(b: int):
+            d = (_FeatureRunner if features else _Runner)(draft, "draft")
+            H = getattr(getattr(draft, "config", None), "hidden_size", 0)
+            if features:
+                d.feed(context, torch.zeros(len(context), H, dtype=d.dtype, device=d.device))
+            else:
+                d.feed(context)
+            if b > 1:
+                d.cache.batch_repeat_interleave(b)
+            length = d.length()
+            ids = torch.tensor([context[-1:]] * b, device=d.device)  # [b, 1]
+            positions = torch.full((b, 1), length, dtype=torch.int64, device=d.device)
+
+            def call():
+                if features:
+                    hidden = d.forward(ids, positions, torch.zeros(b, 1, H, dtype=d.dtype, device=d.device))
+                    logits = d.logits(hidden[:, -1])
+                else:
+                    logits = d.forward(ids, positions, keep=1)[:, -1]
+                next_token_laws(logits, sampling, dtype=torch.float64)
+                d.truncate(length)
+
+            return call
+
+        def prefill_call(keep_all: bool):
+            def call():
+                p = _Runner(target, "target")
+                logits = p.forward(*p.chain(prompt), keep=len(prompt) if keep_all else 1)
+                next_token_laws(logits[0, -1:], sampling, dtype=torch.float64)
+
+            return call
+
+        calls[("prefill", 0)] = prefill_call(False)
+        if features:  # a feature draft's first pass keeps every prompt position's logits (their features)
+            calls[("prefill", 1)] = prefill_call(True)
+        for n in sorted(set(sizes)):
+            calls[("target", n)] = target_call(n)
+        for b in sorted(set(batches)):
+            calls[("draft", b)] = draft_call(b)
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
+        for round_ in range(repeats + 1):
+            for key, call in calls.items():
+                t0 = time.perf_counter()
+                call()
+                if round_:  # the first round warms up
+                    times[key].append(time.perf_counter() - t0)
+    ms = {key: 1000.0 * min(v) for key, v in times.items()}
+    return Costs({n: v for (kind, n), v in ms.items() if kind == "target"},
+                 {b: v for (kind, b), v in ms.items() if kind == "draft"}, len(context),
+                 prefill_ms=ms[("prefill", 0)], prompt=len(prompt),
+                 draft_prefill_ms=ms.get(("prefill", 1), ms[("prefill", 0)]))
+
+
+def cost_lines(costs: Costs) -> list[str]:
+    """The measured costs as printed under the conditions."""
+    t1 = costs.target_ms[min(costs.target_ms)]
+    tree = ", ".join(f"T({n}) {ms:.1f} ms = {ms / t1:.2f} T(1)" for n, ms in sorted(costs.target_ms.items()))
+    drafts = ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in sorted(costs.draft_ms.items()))
+    return [f"cost model (after a {costs.context}-token context, fastest of 7 interleaved rounds): target call on n "
+            f"positions: {tree}",
+            f"cost model: draft call: {drafts}; prefill of a {costs.prompt}-token prompt {costs.prefill_ms:.0f} ms "
+            f"({costs.draft_prefill_ms:.0f} ms keeping every position for a feature draft); "
+            f"predicted tokens/s = 1000 N / (runs P + (N / B - runs) S), S = T(1 + kL) + d(1) + (L - 1) d(k)"]
 
 
 def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
@@ -206,6 +402,10 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                 row.contender = replace(row.contender, name="hf assisted (peer draft, defaults)")
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft)
+    ours = [r.contender for r in rows if r.contender.kind == "speculative"]
+    costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
+                          [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling,
+                          prompt=prompts[0])
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -213,12 +413,14 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             c = row.contender
             run_seed = seed * 1_000_003 + i * 1009 + j
             bar.set_postfix_str(c.name)
+            cpu_start = time.process_time()
             new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed,
                                                            hf_draft)
             row.new_tokens += new
             row.target_calls += calls
             row.draft_calls += draft_calls
             row.wall_seconds += seconds
+            row.cpu_seconds += time.process_time() - cpu_start
             if stats is not None:
                 row.target_seconds += stats.target_seconds
                 row.draft_seconds += stats.draft_seconds
@@ -235,32 +437,56 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         out(line)
     if isinstance(draft, FeatureDraft):
         out("draft: reads the target's features (EAGLE-style; embedding and head are the target's, not counted)")
+    from .draft_vocab import draft_vocab_of
+
+    S = draft_vocab_of(draft)
+    out(f"draft vocabulary: {'the whole vocabulary' if S is None else f'the {S} most frequent tokens (FR-Spec)'}; "
+        f"every contender runs in {dtype}")
     if hf and peer_draft is not None:
         out(f"hf assisted row: peer draft {type(peer_draft).__name__} "
             f"{sum(p.numel() for p in peer_draft.parameters()):,} parameters (transformers cannot feed a feature draft)")
     if load_start is not None:
         out(f"load average (1, 5, 15 min) at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
             f"at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    for line in cost_lines(costs):
+        out(line)
     out("")
-    out(format_table(rows))
+    out(format_table(rows, costs))
     return rows
 
 
-def format_table(rows: list[Row]) -> str:
+def best_speculative(rows: list[Row]) -> Row | None:
+    """The speculative row with the most tokens/s."""
+    ours = [r for r in rows if r.contender.kind == "speculative" and r.wall_seconds > 0]
+    return max(ours, key=lambda r: r.tokens_per_second, default=None)
+
+
+def _predicted(r: Row, costs: Costs | None) -> str:
+    c = r.contender
+    if costs is None or c.kind == "hf_assisted" or not r.target_calls:
+        return "-"
+    length = c.length if c.kind == "speculative" else 0
+    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs, new_tokens=r.new_tokens, runs=r.runs):.1f}"
+
+
+def format_table(rows: list[Row], costs: Costs | None = None) -> str:
+    """The markdown table; with ``costs``, a column of the cost model's predicted tokens/s."""
     ar = next((r for r in rows if r.contender.kind == "autoregressive"), None)
     base = ar.tokens_per_second if ar is not None else float("nan")
+    base_cpu = ar.tokens_per_cpu_second if ar is not None else float("nan")
     head = (f"| {'contender':<36} | tokens | target calls | block efficiency | acceptance at depth 1 | "
-            f"draft calls | wall s | target s | draft s | tokens/s | speedup |")
+            f"draft calls | wall s | target s | draft s | tokens/s | predicted tokens/s | speedup | speedup in CPU time |")
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         acc = f"{r.accepted1 / r.verified1:.3f}" if r.verified1 else "-"
-        draft_calls = str(r.draft_calls) if r.contender.kind != "autoregressive" else "-"
-        ours = r.contender.kind != "hf_assisted"
+        draft_calls = str(r.draft_calls) if r.contender.kind in ("speculative", "hf_assisted") else "-"
+        ours = not r.contender.kind.startswith("hf_")
         target_s = f"{r.target_seconds:.1f}" if ours else "-"
         draft_s = f"{r.draft_seconds:.1f}" if r.contender.kind == "speculative" else "-"
         lines.append(
             f"| {r.contender.name:<36} | {r.new_tokens:>6} | {r.target_calls:>12} | {r.block_efficiency:>16.2f} | "
             f"{acc:>21} | {draft_calls:>11} | {r.wall_seconds:>6.1f} | {target_s:>8} | {draft_s:>7} | "
-            f"{r.tokens_per_second:>8.1f} | {r.tokens_per_second / base:>7.2f} |"
+            f"{r.tokens_per_second:>8.1f} | {_predicted(r, costs):>18} | {r.tokens_per_second / base:>7.2f} | "
+            f"{r.tokens_per_cpu_second / base_cpu:>19.2f} |"
         )
     return "\n".join(lines)

@@ -12,6 +12,11 @@ stderr; ``--json`` prints one object.
     otm profile [--target DIR --draft DIR] [--prompts FILE] [-k 1,2,4,8] [--length 4] [--temperature 1]
                 [--positions 8] [--json] [--plot DIR] [--seed 0] [--threads N] [--no-check]
 
+All three take ``--dtype auto`` (default: bfloat16 where the CPU has native bfloat16 or the GPU
+supports it, else float32; :func:`otm.decode.models.resolve_dtype`) and ``--draft-vocab auto|full|S``
+(the draft proposes among the S most frequent tokens, :mod:`otm.decode.draft_vocab`; auto: 4096 for
+the embedded pair, the whole vocabulary otherwise).
+
 ``otm profile`` (library: :mod:`otm.decode.profile`) answers "for my target and draft, on my
 prompts, how much would k drafts and which verifier buy, and what is the ceiling alpha*?".
 
@@ -44,6 +49,37 @@ def _int_list(text: str, name: str) -> list[int]:
     return values
 
 
+DTYPE_HELP = ("model weights, for every contender alike (default auto: bfloat16 where the CPU has native bfloat16, "
+              "avx512_bf16 / amx_bf16, or the GPU supports it; else float32)")
+
+
+def _dtype_and_vocab(p) -> None:
+    from .models import DTYPES
+
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument("--draft-vocab", default="auto", metavar="S",
+                   help="the draft proposes only among the S most frequent tokens (FR-Spec; exact either way): "
+                        "a whole number, 'full', or auto (default: 4096 for the embedded pair, full otherwise)")
+
+
+def draft_vocab_arg(text: str, embedded: bool):
+    """``--draft-vocab``: None (whole vocabulary) or S (checked against V when the models load)."""
+    from .draft_vocab import DEFAULT_DRAFT_VOCAB
+
+    text = str(text).strip().lower()
+    if text == "auto":
+        return DEFAULT_DRAFT_VOCAB if embedded else None
+    if text == "full":
+        return None
+    try:
+        size = int(text)
+    except ValueError:
+        raise OtmError(f"--draft-vocab must be a whole number of tokens, 'full' or 'auto', got {text!r}") from None
+    if size < 1:
+        raise OtmError(f"--draft-vocab must be >= 1 token (or 'full'), got {size}")
+    return size
+
+
 def _common(p) -> None:
     p.add_argument("--target", default=None, help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the embedded draft)")
@@ -52,7 +88,7 @@ def _common(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, 1 = off (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
+    _dtype_and_vocab(p)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no live figures / progress bar")
     p.add_argument("--threads", type=int, default=None,
@@ -112,7 +148,7 @@ def register(sub) -> None:
     prof.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     prof.add_argument("--plot", default=None, metavar="DIR", help="write profile.png and profile.svg into DIR")
     prof.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    prof.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights")
+    _dtype_and_vocab(prof)
     prof.add_argument("--device", default="cpu", help="torch device (default cpu)")
     prof.add_argument("--threads", type=int, default=None,
                       help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
@@ -129,7 +165,7 @@ def _sampling(args):
 def _load(args):
     import torch
 
-    from .models import load_pair
+    from .models import load_pair, resolve_dtype
 
     if args.threads is not None:
         if args.threads < 1:
@@ -139,8 +175,8 @@ def _load(args):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its "Loading weights" bars would sit above the streamed text
-    dtype = getattr(torch, args.dtype)
-    return load_pair(args.target, args.draft, dtype=dtype, device=args.device)
+    return load_pair(args.target, args.draft, dtype=resolve_dtype(args.dtype, args.device), device=args.device,
+                     draft_vocab=draft_vocab_arg(args.draft_vocab, args.target is None and args.draft is None))
 
 
 def cmd_decode(args) -> int:
@@ -210,6 +246,13 @@ def cmd_decode(args) -> int:
     return 0
 
 
+def _dtype_name(args) -> str:
+    """The dtype ``--dtype`` resolves to on this machine (``auto`` made explicit), as a name."""
+    from .models import resolve_dtype
+
+    return str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+
+
 def cmd_bench(args) -> int:
     from .bench import PROMPTS, run_bench
     from .bench import SCHEME_VARIANTS
@@ -231,7 +274,8 @@ def cmd_bench(args) -> int:
         f"otm bench-decode --k {','.join(map(str, ks))} --length {','.join(map(str, lengths))} "
         f"--verifiers {','.join(verifiers)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
         f"--temperature {args.temperature:g} --top-k {args.top_k} --top-p {args.top_p:g} --seed {args.seed} "
-        f"--dtype {args.dtype} --device {args.device}" + (f" --threads {args.threads}" if args.threads else "")
+        f"--dtype {_dtype_name(args)} --draft-vocab {args.draft_vocab} --device {args.device}"
+        + (f" --threads {args.threads}" if args.threads else "")
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
         + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
     )

@@ -52,6 +52,7 @@ past, so still exact) and no token beyond the limit is drafted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import numbers
 import time
@@ -165,8 +166,14 @@ def _vocab_size(model) -> int | None:
 
 def cache_keyword(forward) -> str:
     """The keyword a model's ``forward`` takes its KV cache by: ``cache`` (transformers >= 5.24, which
-    deprecates ``past_key_values`` with a warning on every call) or ``past_key_values`` (earlier)."""
-    params = inspect.signature(forward).parameters
+    deprecates ``past_key_values`` with a warning on every call) or ``past_key_values`` (earlier).
+    Memoised per function (a feature draft asks on every call; ``inspect.signature`` took 0.27 ms)."""
+    return _cache_keyword(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=256)
+def _cache_keyword(function) -> str:
+    params = inspect.signature(function).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -423,9 +430,9 @@ class _Decoder:
     def laws(self, logits: torch.Tensor, role: str) -> torch.Tensor:
         """Processed laws of ``logits [n, V]`` from the ``role`` model ("target" or "draft"), checked first:
         a NaN or +inf logit, or a row with no finite logit, is that model's fault, named in one line."""
-        bad = torch.isnan(logits) | torch.isposinf(logits)  # [n, V]
-        empty = torch.isneginf(logits).all(-1)  # [n]: every token masked out
-        if bool(bad.any() | empty.any()):
+        top = logits.amax(-1)  # [n]: NaN if a logit is NaN, +inf if one is +inf, -inf if all are -inf
+        if not bool(torch.isfinite(top).all()):  # one reduction; the full scan only to name the fault
+            bad = torch.isnan(logits) | torch.isposinf(logits)  # [n, V]
             what = "NaN or +inf logits" if bool(bad.any()) else "a position where every logit is -inf"
             raise OtmError(f"the {role} model returned {what}: check its weights and dtype (a float16 overflow?) "
                            "before decoding")

@@ -74,6 +74,7 @@ class FeatureDraft(torch.nn.Module):
         # plain attributes, not submodules: the target's tensors are neither saved nor trained here
         self.__dict__["embedding"] = embedding
         self.__dict__["head"] = head
+        self.subset_head = None  # a SubsetHead when the draft proposes among S tokens only (otm.decode.draft_vocab)
 
     def forward(self, input_ids, features, position_ids=None, past_key_values=None, use_cache=False):
         """Hidden states ``[b, q, H]`` (guesses of the target's features) for ``input_ids [b, q]``.
@@ -90,7 +91,10 @@ class FeatureDraft(torch.nn.Module):
         return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=returned_cache(out))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token logits from hidden states (the target's head)."""
+        """Next-token logits ``[..., V]`` from hidden states (the target's head; restricted to the draft
+        vocabulary, ``-inf`` elsewhere, when :func:`otm.decode.draft_vocab.restrict_draft` set one)."""
+        if self.subset_head is not None:
+            return self.subset_head(hidden)
         return torch.nn.functional.linear(hidden, self.head)
 
 
