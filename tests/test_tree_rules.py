@@ -355,14 +355,14 @@ def _residual_without_weight(self, c):
     u = self.vt.parent[c]
     self.alive[u].remove(c)
     p, q, w = self.law_p(u), self.law_q(u), self.w[u]
-    res = torch.clamp(p - q, min=0.0)
+    res = np.maximum(p - q, 0.0)
     R = float(res.sum())
     if R > 0:
         self.w[u], self.p[u], self.touched[u] = R / (R + 1.0 - w), res / R, True
     else:
         self.w[u] = 0.0
     if u == 0 and self.root_without_replacement:
-        q = q.clone()
+        q = q.copy()
         q[self.vt.token[c]] = 0.0
         self.q[u] = q / q.sum()
     self.weigh(u)

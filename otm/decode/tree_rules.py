@@ -36,16 +36,20 @@ the accepted path. Every random choice goes through the decoder's door of chance
   branch hands its mass back to its parent and the next branch is tried with the parent's
   residual; on a chain it is block verification. See :class:`Traversal` for the rule, the tree it
   runs on (duplicate draws) and the proof of exactness for both draft schemes.
+
+The arithmetic of both whole-tree rules is numpy float64, in the core (:mod:`otm.tree_verification`:
+``block_law``, ``VerificationTree``, ``TraversalState``, ``traversal_law``); the rules here feed it
+the decoder's laws and draw their decisions through the door of chance, and the exact law of a
+rule's block given a tree is that same code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..laws import OtmError
-from .tree import DraftTree
+from ..tree_verification import TraversalState, VerificationTree, traversal_law
+from ..tree_verification import block_law as _np_block_law
 
 
 class TreeRule:
@@ -92,7 +96,8 @@ class LevelByLevel(TreeRule):
 
 
 def block_law(targets: torch.Tensor, drafts: torch.Tensor, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Block verification's decision law and residuals (module docstring).
+    r"""Block verification's decision law and residuals (module docstring), as float64 tensors on the
+    targets' device: the numpy arithmetic of :func:`otm.tree_verification.block_law` on the given laws.
 
     Parameters
     ----------
@@ -111,32 +116,11 @@ def block_law(targets: torch.Tensor, drafts: torch.Tensor, chain: torch.Tensor) 
     >>> tau.tolist(), res[0].tolist()   # accept X_1 = 0 w.p. 0.5/0.9, else the residual (0, 1)
     ([0.4444444444444444, 0.5555555555555556], [0.0, 1.0])
     """
-    gamma = chain.numel()
-    if targets.shape[0] != gamma + 1 or drafts.shape[0] != gamma or gamma < 1:
-        raise OtmError(f"block verification needs gamma + 1 target laws and gamma draft laws for a chain of "
-                       f"{gamma}, got {targets.shape[0]} and {drafts.shape[0]}")
-    dt = torch.promote_types(targets.dtype, torch.float32)
-    P, Q = targets.to(dt), drafts.to(dt).to(targets.device)
-    idx = torch.arange(gamma, device=P.device)
-    ratio = P[idx, chain] / Q[idx, chain]  # [gamma]: Q_i(X_i) > 0, X_i was drawn from Q_i
-    p = [torch.ones((), dtype=dt, device=P.device)]
-    for i in range(gamma):
-        p.append(torch.clamp(p[-1] * ratio[i], max=1.0))  # p_i = min(1, p_{i-1} P_i(X_i) / Q_i(X_i))
-    p = torch.stack(p)  # [gamma + 1]
-    res = torch.clamp(p[:gamma, None] * P[:gamma] - Q, min=0.0)  # [gamma, V]: (p_i P_{i+1} - Q_{i+1})_+, i = 0..gamma-1
-    R = res.sum(-1)  # [gamma]
-    h = torch.empty(gamma + 1, dtype=dt, device=P.device)
-    h[0] = 1.0
-    inner = R[1:] / (R[1:] + (1.0 - p[1:gamma]))  # i = 1..gamma-1; the order keeps h <= 1 in floating point
-    h[1:gamma] = torch.where(R[1:] > 0, inner, torch.zeros_like(inner))
-    h[gamma] = p[gamma]
-    survive = torch.cumprod(torch.flip(1.0 - h, [0]), 0)  # survive[j] = prod of (1 - h) over the last j + 1 entries
-    after = torch.cat([torch.flip(survive, [0])[1:], torch.ones(1, dtype=dt, device=P.device)])  # prod_{j > i} (1 - h_j)
-    tau_law = h * after  # [gamma + 1]
-    mass = res.sum(-1, keepdim=True)
-    rows = torch.where(mass > 0, res / torch.where(mass > 0, mass, torch.ones_like(mass)), res)
-    residuals = torch.cat([rows, P[gamma : gamma + 1]])  # [gamma + 1, V]
-    return tau_law, residuals
+    def host(x):
+        return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+    tau, res = _np_block_law(host(targets), host(drafts), chain.detach().cpu().numpy())
+    return torch.from_numpy(tau).to(targets.device), torch.from_numpy(res).to(targets.device)
 
 
 class Block(TreeRule):
@@ -174,170 +158,6 @@ class Block(TreeRule):
 
 
 # -- traversal verification ----------------------------------------------------------------------
-
-
-@dataclass
-class VerificationTree:
-    """The tree traversal verification walks: one vnode per draw of the draft tree.
-
-    vnode 0 is the root; every other vnode is one draw at its parent (a token drawn from the
-    parent's draft law) and names the :class:`~otm.decode.tree.DraftTree` node of its prefix
-    (``node``: where its target law sits in the target pass). The children of a vnode are the draws
-    of the rows through it, in row order. The first draw of a token carries the merged subtree of
-    every row that drew that token; a later draw of the same token (a *duplicate*, possible with
-    i.i.d. rows) is a leaf of its own (see :class:`Traversal` for why this is exact).
-
-    >>> from otm.decode.tree import DraftTree
-    >>> vt = VerificationTree.from_tree(DraftTree.from_rows([[3, 1], [3, 2], [4, 1]], root_token=0))
-    >>> vt.token, vt.parent, vt.node
-    ([0, 3, 3, 4, 1, 2, 1], [-1, 0, 0, 0, 1, 1, 3], [0, 1, 1, 2, 3, 4, 5])
-    >>> vt.children[0], vt.children[2]   # the second draw of 3 at the root is a leaf
-    ([1, 2, 3], [])
-    """
-
-    node: list[int]  # DraftTree node of each vnode
-    parent: list[int]  # parent vnode, -1 for the root
-    token: list[int]
-    depth: list[int]
-    children: list[list[int]]  # in row order
-
-    @classmethod
-    def from_tree(cls, tree: DraftTree) -> "VerificationTree":
-        node, parent, token, depth, children = [0], [-1], [int(tree.tokens[0])], [0], [[]]
-        node_of = tree.node_of.tolist()  # [k, L + 1]
-        L = tree.node_of.shape[1] - 1
-        order = [0]  # vnodes to expand, breadth first
-        for v in order:
-            if depth[v] == L:
-                continue
-            first: set[int] = set()
-            for j in tree.rows_through[node[v]]:
-                child = node_of[j][depth[v] + 1]
-                vid = len(node)
-                node.append(child)
-                parent.append(v)
-                token.append(int(tree.tokens[child]))
-                depth.append(depth[v] + 1)
-                children.append([])
-                children[v].append(vid)
-                if child not in first:  # the first draw of this token carries the merged subtree
-                    first.add(child)
-                    order.append(vid)
-        return cls(node, parent, token, depth, children)
-
-    def path(self, v: int) -> list[int]:
-        """vnodes from depth 1 down to ``v`` (empty for the root)."""
-        out = []
-        while v > 0:
-            out.append(v)
-            v = self.parent[v]
-        return out[::-1]
-
-
-class TraversalState:
-    r"""The state of one traversal: per vnode a weight :math:`w`, a target law :math:`\tilde p`
-    (the node's target law, replaced by its residual as its children are rejected) and the draft
-    law :math:`\tilde q` its children were drawn from (the root's loses each rejected token when the
-    root's drafts are without replacement). Decisions in float64.
-
-    ``target_of(node) -> [V]`` and ``draft_of(node) -> [V]`` give a DraftTree node's target law and
-    the draft law its children were drawn from.
-    """
-
-    def __init__(self, vt: VerificationTree, target_of, draft_of, *, root_without_replacement: bool):
-        self.vt, self.target_of, self.draft_of = vt, target_of, draft_of
-        self.root_without_replacement = root_without_replacement
-        self.p: dict[int, torch.Tensor] = {}  # vnode -> residual target law, once its first child is rejected
-        self.q: dict[int, torch.Tensor] = {}  # vnode -> draft law of its children
-        self.w = [1.0] * len(vt.node)
-        self.alive = [list(c) for c in vt.children]
-        self.touched = [False] * len(vt.node)  # whether p was replaced by a residual
-        self.weigh(0)
-
-    def law_p(self, v: int) -> torch.Tensor:
-        law = self.p.get(v)
-        if law is None:
-            law = self.p[v] = self.target_of(self.vt.node[v]).to(torch.float64)
-        return law
-
-    def law_q(self, v: int) -> torch.Tensor:
-        law = self.q.get(v)
-        if law is None:
-            law = self.q[v] = self.draft_of(self.vt.node[v]).to(torch.float64)
-        return law
-
-    def weigh(self, top: int) -> None:
-        r"""Weights of the live vnodes below ``top``: :math:`w_c = \min(1, w_u \tilde p_u(x_c) / \tilde q_u(x_c))`."""
-        stack = [top]
-        while stack:
-            u = stack.pop()
-            kids = self.alive[u]
-            if not kids:
-                continue
-            p, q = self.law_p(u), self.law_q(u)
-            tokens = torch.tensor([self.vt.token[c] for c in kids], device=p.device)
-            num, den = (self.w[u] * p[tokens]).tolist(), q[tokens].tolist()
-            for c, a, b in zip(kids, num, den):
-                self.w[c] = min(1.0, a / b) if b > 0 else 0.0
-            stack.extend(kids)
-
-    def first_leaf(self) -> int:
-        """The first live leaf in depth-first order (children in row order); the root when alone."""
-        v = 0
-        while self.alive[v]:
-            v = self.alive[v][0]
-        return v
-
-    def reject(self, c: int) -> None:
-        r"""Remove leaf ``c``; its parent u takes the residual
-        :math:`\tilde p_u \leftarrow \mathrm{norm}((w_u \tilde p_u - \tilde q_u)_+)`,
-        :math:`w_u \leftarrow R / (R + 1 - w_u)` (:math:`R` the residual's mass; 0 when :math:`R = 0`),
-        then the weights below u are recomputed."""
-        u = self.vt.parent[c]
-        self.alive[u].remove(c)
-        p, q, w = self.law_p(u), self.law_q(u), self.w[u]
-        res = torch.clamp(w * p - q, min=0.0)
-        R = float(res.sum())
-        if R > 0:
-            self.w[u] = R / (R + (1.0 - w))  # this order keeps w <= 1 in floating point
-            self.p[u] = res / R
-            self.touched[u] = True
-        else:
-            self.w[u] = 0.0
-        if u == 0 and self.root_without_replacement:  # the next root draw excludes the rejected token
-            q = q.clone()
-            q[self.vt.token[c]] = 0.0
-            rest = float(q.sum())
-            self.q[u] = q / rest if rest > 0 else q
-        self.weigh(u)
-
-
-def traversal_law(tree: DraftTree, target_of, draft_of, *, root_without_replacement: bool = False
-                  ) -> dict[tuple, float]:
-    r"""Exact law of the block traversal verification emits from one draft tree: ``{block: probability}``.
-
-    ``block`` = the accepted path's tokens and the token drawn after it. The rule's only random
-    choices are the accept tests of successive leaves, and the state after a rejection does not
-    depend on anything random, so the law is one pass: the leaf tried at step i is accepted with
-    probability :math:`h_i` (its weight; 1 for the root), reached with probability
-    :math:`\prod_{j < i}(1 - h_j)`. Runs the same :class:`TraversalState` as the decoder.
-    """
-    vt = VerificationTree.from_tree(tree)
-    state = TraversalState(vt, target_of, draft_of, root_without_replacement=root_without_replacement)
-    law: dict[tuple, float] = {}
-    reach = 1.0
-    while True:
-        v = state.first_leaf()
-        h = 1.0 if v == 0 else state.w[v]
-        if h > 0:
-            path = tuple(vt.token[a] for a in vt.path(v))
-            final = state.law_p(v)
-            for y in torch.nonzero(final > 0).flatten().tolist():
-                law[path + (y,)] = law.get(path + (y,), 0.0) + reach * h * float(final[y])
-        if v == 0 or h >= 1.0:
-            return law
-        reach *= 1.0 - h
-        state.reject(v)
 
 
 class Traversal(TreeRule):
@@ -396,8 +216,13 @@ class Traversal(TreeRule):
 
     def walk(self, dec, tree, drafts, target_laws):
         vt = VerificationTree.from_tree(tree)
-        state = TraversalState(
-            vt, lambda n: target_laws[n], lambda n: dec.node_draft_law(tree, n, drafts)[0],
+        device = target_laws.device
+
+        def host(law):
+            return law.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+        state = TraversalState(  # the arithmetic, float64 numpy (otm.tree_verification)
+            vt, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)[0]),
             root_without_replacement=dec.scheme == "without_replacement",
         )
         while True:
@@ -405,7 +230,8 @@ class Traversal(TreeRule):
             if v == 0:
                 break  # every branch was rejected: the root's (residual) law
             w = state.w[v]
-            if w >= 1.0 or (w > 0.0 and dec.chance.index(torch.tensor([[1.0 - w, w]], dtype=torch.float64)) == 1):
+            if w >= 1.0 or (w > 0.0 and dec.chance.index(
+                    torch.tensor([[1.0 - w, w]], dtype=torch.float64, device=device)) == 1):
                 break
             state.reject(v)
         path = [vt.node[a] for a in vt.path(v)]
@@ -416,7 +242,7 @@ class Traversal(TreeRule):
             dec.stats.accepted_by_depth[d] += 1
         emitted = [int(tree.tokens[n]) for n in path]
         if state.touched[v]:
-            emitted.append(dec.chance.index(state.p[v][None]))
+            emitted.append(dec.chance.index(torch.from_numpy(state.p[v]).to(device)[None]))
         else:  # a leaf of the draft tree, a duplicate, or the root with its own law: the target's draw
             emitted.append(dec.bonus(tree, vt.node[v], target_laws))
         return emitted, path
@@ -424,3 +250,7 @@ class Traversal(TreeRule):
 
 TREE_RULES = {"block": Block, "traversal": Traversal}
 """Whole-tree rules by name, beside the token-level verifiers (:data:`otm.decode.decoder.VERIFIERS`)."""
+
+
+__all__ = ["TREE_RULES", "Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
+           "block_law", "traversal_law"]
