@@ -39,36 +39,12 @@ from otm.schemes import IID
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import optimal as npo
 
+from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
+    ALPHA, DEVICES, DRAFT, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-N = 20_000
-ALPHA = 1e-3
-MIN_POWER = 0.99
-TARGET = np.array([0.35, 0.05, 0.3, 0.1, 0.2, 0.0])
-DRAFT = np.array([0.1, 0.3, 0.1, 0.25, 0.1, 0.15])
-V = TARGET.size
 K = 3
-U_MAX = 1.0 - 2.0**-53
-
-
-class SeqRng:
-    """Hands out given uniforms in order, as ``rng.random()`` / ``rng.random(n)`` would."""
-
-    def __init__(self, values):
-        self.values, self.used = [float(v) for v in values], 0
-
-    def random(self, size=None):
-        if size is None:
-            self.used += 1
-            return self.values[self.used - 1]
-        out = np.array(self.values[self.used : self.used + size])
-        self.used += size
-        return out
-
-
-def t(x, dtype=torch.float64, device="cpu"):
-    return torch.as_tensor(np.asarray(x), device=device).to(dtype)
 
 
 def pair(rng, size):
@@ -173,12 +149,6 @@ def _law_x_off(plan):
 
 
 BUGS = {"x_off": (_x_off, _law_x_off), "one_pass": (_one_pass, lambda plan: dataclasses.replace(plan, theta=np.ones(V)))}
-
-
-def cell_counts(token: torch.Tensor, drafts: torch.Tensor) -> np.ndarray:
-    token, drafts = token.cpu().numpy(), drafts.cpu().numpy()
-    member = (drafts == token[:, None]).any(1)
-    return np.bincount(token + V * member, minlength=2 * V).astype(float)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -73,15 +73,18 @@ LAW_K = {"speculative": 1, "kseq": 3, "rrs": 2, "rrs_without_replacement": 3, "g
 
 
 class SeqRng:
-    """Hands out given uniforms in order, as ``rng.random()`` would."""
+    """Hands out given uniforms in order, as ``rng.random()`` / ``rng.random(n)`` would."""
 
     def __init__(self, values):
         self.values, self.used = [float(v) for v in values], 0
 
-    def random(self):
-        v = self.values[self.used]
-        self.used += 1
-        return v
+    def random(self, size=None):
+        if size is None:
+            self.used += 1
+            return self.values[self.used - 1]
+        out = np.array(self.values[self.used : self.used + size])
+        self.used += size
+        return out
 
 
 def numpy_uniforms(name: str, u: np.ndarray) -> np.ndarray:
