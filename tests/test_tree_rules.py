@@ -193,13 +193,13 @@ def test_block_is_exact_with_a_feature_draft():
     assert law_error(law, target_law(model_law(target, [1, 2]), 3)) < 1e-12
 
 
-@pytest.mark.slow
-def test_block_same_law_as_transformers_generate():
-    """Two-sample chi-square (alpha 1e-3) of the first T = 3 tokens: block (k = 1, L = 3) on a tiny float64
-    Llama pair against transformers' generate(do_sample=True), 5000 runs each; both also tested against the
-    exact law. Power against a realistic planted bug, the min(1, .) cap of p_i forgotten (TV 0.0235 here,
-    computed exactly from the broken decoder's exact mode), asserted >= 0.99; the broken decoder run
+def _against_generate(options: dict, plant, n: int, tv_range: tuple[float, float]) -> None:
+    """Two-sample chi-square (alpha 1e-3) of the first T = 3 tokens: the decoder with ``options`` on a tiny
+    float64 Llama pair (V = 3) against transformers' generate(do_sample=True), n runs each, both also tested
+    against the exact law. ``plant()`` is a context manager planting a realistic bug: its exact TV (from the
+    broken decoder's exact mode) must lie in ``tv_range`` with power >= 0.99 at n, and the broken decoder run
     through the same test is rejected."""
+    from scipy import stats
     from transformers import LlamaConfig, LlamaForCausalLM
 
     def tiny(seed):
@@ -210,14 +210,13 @@ def test_block_same_law_as_transformers_generate():
         return LlamaForCausalLM(cfg).eval().to(torch.float64)
 
     target, draft = tiny(4), tiny(5)
-    prompt, n, t_len = [1, 2, 2], 5000, 3
-    options = dict(k=1, length=3, verifier="block")
+    prompt, t_len = [1, 2, 2], 3
     law = target_law(model_law(target, prompt), t_len)
-    with mock.patch.object(tree_rules, "block_law", _uncapped_p):
+    with plant():
         broken = exact_decode_law(target, draft, prompt, max_new_tokens=t_len, **options)
     _, p0, p1 = as_vectors(law, broken)
     tv = 0.5 * np.abs(p0 - p1).sum()
-    assert 0.01 < tv < 0.05 and chi2_power(n, p0, p1, alpha=1e-3) >= 0.99, tv
+    assert tv_range[0] < tv < tv_range[1] and chi2_power(n, p0, p1, alpha=1e-3) >= 0.99, tv
 
     def counts(seed):
         gen, c = torch.Generator().manual_seed(seed), Counter()
@@ -236,13 +235,20 @@ def test_block_same_law_as_transformers_generate():
     theirs = Counter(tuple(r) for r in hf[:, len(prompt):].tolist())
     ours = counts(8)
     cells = sorted(set(ours) | set(theirs))
-    from scipy import stats
-
     table = np.array([[ours.get(c, 0) for c in cells], [theirs.get(c, 0) for c in cells]])
     assert stats.chi2_contingency(table[:, table.sum(0) > 0], correction=False).pvalue > 1e-3
     assert not gof(ours).reject and not gof(theirs).reject
-    with mock.patch.object(tree_rules, "block_law", _uncapped_p):
+    with plant():
         assert gof(counts(9)).reject
+
+
+@pytest.mark.slow
+def test_block_same_law_as_transformers_generate():
+    """Block (k = 1, L = 3) against transformers' generate, 5000 runs each (:func:`_against_generate`). Power
+    against a realistic planted bug, the min(1, .) cap of p_i forgotten (TV 0.0235 here), asserted >= 0.99;
+    the broken decoder is rejected by the same test."""
+    _against_generate(dict(k=1, length=3, verifier="block"), lambda: mock.patch.object(tree_rules, "block_law", _uncapped_p),
+                      n=5000, tv_range=(0.01, 0.05))
 
 
 def test_bench_has_block_rows_beside_speculative_and_the_cli_takes_block():
@@ -393,54 +399,12 @@ def test_planted_traversal_bugs_are_caught_by_the_exact_mode(bug, target, args):
 
 @pytest.mark.slow
 def test_traversal_same_law_as_transformers_generate():
-    """Two-sample chi-square (alpha 1e-3) of the first T = 3 tokens: traversal (k = 2 i.i.d. rows, L = 2) on a
-    tiny float64 Llama pair against transformers' generate(do_sample=True), 12000 runs each; both also tested
-    against the exact law. Power against a realistic planted bug, the merged prefix tree verified with its
-    duplicate draws dropped (TV 0.0256 here, computed exactly from the broken decoder's exact mode), asserted
-    >= 0.99; the broken decoder run through the same test is rejected."""
-    from scipy import stats
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    def tiny(seed):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.6,
-                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
-        return LlamaForCausalLM(cfg).eval().to(torch.float64)
-
-    target, draft = tiny(4), tiny(5)
-    prompt, n, t_len = [1, 2, 2], 12000, 3
-    options = dict(k=2, length=2, verifier="traversal")
-    law = target_law(model_law(target, prompt), t_len)
-    merged = mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only))
-    with merged:
-        broken = exact_decode_law(target, draft, prompt, max_new_tokens=t_len, **options)
-    _, p0, p1 = as_vectors(law, broken)
-    tv = 0.5 * np.abs(p0 - p1).sum()
-    assert 0.01 < tv < 0.05 and chi2_power(n, p0, p1, alpha=1e-3) >= 0.99, tv
-
-    def counts(seed):
-        gen, c = torch.Generator().manual_seed(seed), Counter()
-        for _ in range(n):
-            c[tuple(speculative_decode(target, draft, prompt, max_new_tokens=t_len, generator=gen, **options).tokens)] += 1
-        return c
-
-    def gof(c):
-        cells = sorted(set(law) | set(c))
-        return chi2_gof([c.get(x, 0) for x in cells], [law.get(x, 0.0) for x in cells], alpha=1e-3)
-
-    torch.manual_seed(7)
-    with torch.inference_mode():
-        hf = target.generate(torch.tensor([prompt]), do_sample=True, top_k=0, top_p=1.0, max_new_tokens=t_len,
-                             num_return_sequences=n, pad_token_id=0)
-    theirs = Counter(tuple(r) for r in hf[:, len(prompt):].tolist())
-    ours = counts(8)
-    cells = sorted(set(ours) | set(theirs))
-    table = np.array([[ours.get(c, 0) for c in cells], [theirs.get(c, 0) for c in cells]])
-    assert stats.chi2_contingency(table[:, table.sum(0) > 0], correction=False).pvalue > 1e-3
-    assert not gof(ours).reject and not gof(theirs).reject
-    with merged:
-        assert gof(counts(9)).reject
+    """Traversal (k = 2 i.i.d. rows, L = 2) against transformers' generate, 12000 runs each
+    (:func:`_against_generate`). Power against a realistic planted bug, the merged prefix tree verified with
+    its duplicate draws dropped (TV 0.0256 here), asserted >= 0.99; the broken decoder is rejected."""
+    _against_generate(dict(k=2, length=2, verifier="traversal"),
+                      lambda: mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only)),
+                      n=12000, tv_range=(0.01, 0.05))
 
 
 def test_bench_has_traversal_rows_for_both_schemes_and_the_cli_takes_traversal():
