@@ -437,6 +437,7 @@ def test_traversal_runs_in_the_decoder_for_both_schemes_and_counts_depths():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from otm.analysis.tree_optimum import draft_rows  # noqa: E402
 from test_tree_optimum import lossless_violation  # noqa: E402
 
 
@@ -458,33 +459,6 @@ def _law_tables(draw):
     return V, k, L, scheme, {p: law() for p in prefixes}, {p: law() for p in prefixes}
 
 
-def _trees(V, k, L, scheme, Q):
-    """Every draft tree (rows) of the decoder's scheme with its probability."""
-    chains = []
-    for first in range(V):
-        for rest in itertools.product(range(V), repeat=L - 1):
-            row = (first, *rest)
-            chains.append((row, np.prod([Q[row[:t]][row[t]] for t in range(1, L)]) if L > 1 else 1.0))
-    if scheme == "iid":
-        for combo in itertools.product(chains, repeat=k):
-            pr = np.prod([Q[()][row[0]] * p for row, p in combo])
-            if pr > 0:
-                yield [row for row, _ in combo], pr
-        return
-    k = min(k, int((Q[()] > 0).sum()))
-    for firsts in itertools.permutations(range(V), k):
-        pr, left = 1.0, list(range(V))
-        for x in firsts:  # successive sampling: each draw renormalised over the tokens left (summed, not 1 - taken)
-            pr *= Q[()][x] / Q[()][left].sum()
-            left.remove(x)
-        if pr <= 0:
-            continue
-        for combo in itertools.product(*[[c for c in chains if c[0][0] == x] for x in firsts]):
-            p = pr * np.prod([c[1] for c in combo])
-            if p > 0:
-                yield [row for row, _ in combo], p
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(_law_tables())
 def test_traversal_is_lossless_on_every_tree_of_random_law_tables(case):
@@ -495,7 +469,7 @@ def test_traversal_is_lossless_on_every_tree_of_random_law_tables(case):
 def _check_traversal_lossless(case):
     V, k, L, scheme, P, Q = case
     block: dict = {}
-    for rows, pr in _trees(V, k, L, scheme, Q):
+    for rows, pr in draft_rows(lambda prefix: Q[prefix], k, L, scheme):  # every tree, as the decoder drafts
         tree = DraftTree.from_rows(rows, root_token=0)
         prefix = {0: ()}
         for n in range(1, tree.size):

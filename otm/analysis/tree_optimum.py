@@ -135,33 +135,39 @@ def _count_tuples(draft, k: int, L: int, scheme: str) -> int:
     return sum(int(np.prod([conts[x] for x in combo])) for combo in itertools.permutations(roots, kk))
 
 
-def tree_law(draft, k: int, L: int, scheme: str = "iid") -> dict[frozenset, float]:
-    """Law of the node set (all non-root prefixes of the rows) of one step's draft tree.
+def draft_rows(draft, k: int, L: int, scheme: str = "iid"):
+    """``(rows, probability)`` for every ordered tuple of the k draft rows of one step (mass > 0).
 
     ``draft(prefix) -> [V]`` is the draft's processed law after the context and ``prefix``.
     ``iid``: k i.i.d. rows of length L. ``without_replacement``: the k root tokens by successive
-    sampling without replacement (k cut to the support, as the decoder does), each row continued
-    i.i.d. from the draft.
+    sampling without replacement (k cut to the support, as the decoder does; each draw renormalised
+    by the mass of the tokens left, summed, not 1 minus the mass taken, which loses tiny masses),
+    each row continued i.i.d. from the draft.
     """
-    out: dict[frozenset, float] = {}
     if scheme == "iid":
         rows = list(_paths(draft, (), L))
         for combo in itertools.product(rows, repeat=k):
-            key = _node_set([r for r, _ in combo])
-            out[key] = out.get(key, 0.0) + float(np.prod([w for _, w in combo]))
-        return out
+            yield [r for r, _ in combo], float(np.prod([w for _, w in combo]))
+        return
     q0 = draft(())
     roots = [int(x) for x in np.flatnonzero(q0 > 0)]
-    kk = min(k, len(roots))
     conts = {x: list(_paths(draft, (x,), L - 1)) for x in roots}
-    for combo in itertools.permutations(roots, kk):
-        w_root, left = 1.0, 1.0
-        for x in combo:  # successive sampling: q(x) / (1 - mass already drawn)
-            w_root *= float(q0[x]) / left
-            left -= float(q0[x])
+    for combo in itertools.permutations(roots, min(k, len(roots))):
+        w_root, left = 1.0, list(roots)
+        for x in combo:  # successive sampling: q(x) / (mass of the tokens not drawn yet)
+            w_root *= float(q0[x]) / float(q0[left].sum())
+            left.remove(x)
         for tails in itertools.product(*(conts[x] for x in combo)):
-            key = _node_set([(x,) + t for x, (t, _) in zip(combo, tails)])
-            out[key] = out.get(key, 0.0) + w_root * float(np.prod([w for _, w in tails]))
+            yield [(x,) + t for x, (t, _) in zip(combo, tails)], w_root * float(np.prod([w for _, w in tails]))
+
+
+def tree_law(draft, k: int, L: int, scheme: str = "iid") -> dict[frozenset, float]:
+    """Law of the node set (all non-root prefixes of the rows) of one step's draft tree
+    (the ordered row tuples of :func:`draft_rows`, merged)."""
+    out: dict[frozenset, float] = {}
+    for rows, w in draft_rows(draft, k, L, scheme):
+        key = _node_set(rows)
+        out[key] = out.get(key, 0.0) + w
     return out
 
 
@@ -422,4 +428,4 @@ RULES = {
 
 
 __all__ = ["MAX_TREES", "MAX_VARIABLES", "RULES", "TreeOptimum", "rule_block_law", "rule_tokens_per_call",
-           "solve_tree_lp", "transport_bound", "tree_law", "tree_optimum"]
+           "draft_rows", "solve_tree_lp", "transport_bound", "tree_law", "tree_optimum"]
