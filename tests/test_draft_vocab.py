@@ -96,7 +96,8 @@ def test_restricted_draft_law_is_zero_outside_the_subset_and_sums_to_one(kind, s
 def test_decoder_with_a_draft_that_never_proposes_a_token_keeps_the_target_law(verifier, scheme, k, length):
     """Exact mode: a toy draft whose logit of token 2 is -inf (as outside a SubsetHead), a target of full
     support; the law of the first 3 tokens equals the target's to 1e-12, and token 2 (never drafted) is
-    still emitted (as a correction or bonus token) with the target's probability."""
+    still emitted (as a correction or bonus token) with the target's probability. Negative control: the same
+    decoder handed a floored draft law (0.02 on the never-proposed token) is off by more than 1e-3."""
     target, draft, prompt = ToyLM(3, seed=31), ToyLM(3, seed=32), [0, 1]
     with torch.no_grad():
         draft.table[..., 2] = -torch.inf
@@ -106,6 +107,23 @@ def test_decoder_with_a_draft_that_never_proposes_a_token_keeps_the_target_law(v
                            scheme=scheme, sampling=sampling)
     assert law_error(law, reference) < 1e-12
     assert sum(p for seq, p in law.items() if 2 in seq) > 0.1
+    # negative control, a realistic slip: the verifier is handed the draft law with a floor on the tokens the
+    # draft cannot propose (to "avoid q = 0"), not the law the drafts were drawn from: TV 0.013-0.019 here
+    from unittest import mock
+
+    from otm.decode import decoder as dec
+
+    true_law = dec._Decoder.node_draft_law
+
+    def floored(self, tree, node, drafts):
+        q = true_law(self, tree, node, drafts)
+        q = q + 0.02 * (q == 0)
+        return q / q.sum(-1, keepdim=True)
+
+    with mock.patch.object(dec._Decoder, "node_draft_law", floored):
+        broken = exact_decode_law(target, draft, prompt, max_new_tokens=3, k=k, length=length, verifier=verifier,
+                                  scheme=scheme, sampling=sampling)
+    assert law_error(broken, reference) > 1e-3
 
 
 def test_token_ranking_refusals(tmp_path):
