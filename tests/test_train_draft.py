@@ -125,3 +125,70 @@ def test_data_directory_meta_refuses_other_settings_and_accepts_older_files(tmp_
         check_meta(path, changed)
     msg = str(exc.value)
     assert "\n" not in msg and "query_tokens" in msg and "other settings" in msg
+
+
+def _ttt_against_decoder(depth: int, seed: int = 0, mask=None) -> float:
+    """Largest difference between the training-time test's depth-d hidden states (all positions in
+    one pass per depth) and the decoder's own incremental drafting of every chain (its
+    ``_FeatureRunner``: the context read with true features, then drafted elements with the
+    draft's guesses, through its KV cache) on a tiny float64 feature draft."""
+    import train_draft
+    from test_feature_draft import tiny_pair
+
+    from otm.decode import decoder as dec
+    from otm.decode.feature_draft import shifted_features
+
+    target, draft = tiny_pair(seed, V=11)
+    target, draft = target.double(), draft.double()
+    g = torch.Generator().manual_seed(seed)
+    B, S, H = 2, 9, draft.config.hidden_size
+    ids = torch.randint(0, 11, (B, S), generator=g)
+    feats = torch.randn(B, S, H, generator=g, dtype=torch.float64)
+    old = train_draft.ttt_mask
+    if mask is not None:
+        train_draft.ttt_mask = mask
+    try:
+        with torch.no_grad():
+            hs = train_draft.feature_draft_hidden(draft, ids, feats, 0.0, depth=depth)
+    finally:
+        train_draft.ttt_mask = old
+    assert len(hs) == depth
+    worst = 0.0
+    inputs = shifted_features(feats)
+    with torch.no_grad():
+        for b in range(B):
+            for t in range(S - depth + 1):  # a chain whose first drafted element is at position t
+                runner = dec._FeatureRunner(draft, "draft")
+                h = runner.feed(ids[b, : t + 1].tolist(), inputs[b, : t + 1])  # depth 1: true features
+                worst = max(worst, (h[0] - hs[0][b, t]).abs().max().item())
+                for d in range(2, depth + 1):  # depth d reads the guess of depth d - 1
+                    pos = torch.tensor([[t + d - 1]])
+                    h = runner.forward(ids[b : b + 1, t + d - 1 : t + d], pos, h[:, None])[:, -1]
+                    worst = max(worst, (h[0] - hs[d - 1][b, t + d - 1]).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_training_time_test_computes_the_decoders_chains(depth):
+    """EAGLE-3's training-time test (train_draft --ttt-depth): pass d at every position equals the
+    decoder's drafting of depth d of the chain there, to float64 rounding."""
+    assert _ttt_against_decoder(depth) < 1e-10
+
+
+def test_training_time_test_with_a_plain_causal_mask_is_caught():
+    """Negative control: deeper passes that attend causally to their own pass only (every context
+    element read with guessed features, the cheap approximation) are not what the decoder drafts."""
+
+    def causal_own_pass(S, depth):
+        j, i = torch.arange(S)[:, None], torch.arange(S)[None, :]
+        return torch.cat([torch.zeros(S, (depth - 1) * S, dtype=torch.bool), i <= j], dim=1)
+
+    assert _ttt_against_decoder(3, mask=causal_own_pass) > 1e-3
+
+
+def test_chain_length_proxy():
+    from train_draft import chain_length
+
+    assert chain_length([]) == 1.0
+    assert abs(chain_length([0.5]) - 1.5) < 1e-15
+    assert abs(chain_length([0.5, 0.5, 0.5]) - 1.875) < 1e-15

@@ -462,36 +462,82 @@ def make_feature_batch(examples, pad_id: int):
     return ids, rows, cols, hidden, top_p, top_i, feats, has
 
 
-def feature_draft_hidden(draft, ids, feats, noise: float, generator=None):
-    """Draft hidden states for right-padded ``ids`` with the true features shifted by one (the
-    input of element j is f_{j-1}); ``noise`` > 0 adds Gaussian noise of that many feature RMS
-    to the input features (EAGLE's augmentation: at depth >= 2 the draft reads its own guesses)."""
+def ttt_mask(S: int, depth: int) -> torch.Tensor:
+    """Training-time test's attention mask ``[S, depth * S]`` (True = attends) of pass ``depth``.
+
+    The keys are those of passes 1 .. depth, S each, in that order (the draft's KV cache after
+    them). Query j of pass d stands for the draft's element at depth d of a chain that starts
+    after the accepted context ``x_{<= t}``, t = j - d + 1, as the decoder drafts it
+    (:meth:`otm.decode.decoder.Decoder.draft_rows`): it attends to pass 1's keys at positions
+    ``<= t`` (the context, read with the target's true features) and to pass e's key at position
+    ``t + e - 1`` for e = 2 .. d (the chain's drafted elements, read with guessed features),
+    itself last. Pass 1 is the plain causal mask."""
+    j = torch.arange(S)[:, None]
+    i = torch.arange(S)[None, :]
+    blocks = [i <= j - depth + 1] + [i == j - depth + e for e in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def feature_draft_hidden(draft, ids, feats, noise: float, generator=None, depth: int = 1) -> list[torch.Tensor]:
+    """Draft hidden states ``[B, S, H]`` for right-padded ``ids``, one per depth 1 .. ``depth``.
+
+    Depth 1 reads the true features shifted by one (the input of element j is f_{j-1});
+    ``noise`` > 0 adds Gaussian noise of that many feature RMS to them (EAGLE's augmentation).
+    Depth d >= 2 is EAGLE-3's training-time test: element j reads the draft's own depth-(d-1)
+    guess h_{j-1} instead of f_{j-1} and attends as :func:`ttt_mask` says, so pass d computes, at
+    every position at once, exactly what the decoder computes at depth d of a drafted chain
+    (``tests/test_train_draft.py`` checks it against the decoder's own incremental drafting)."""
+    from otm.decode.decoder import returned_cache
     from otm.decode.feature_draft import shifted_features
 
     inp = shifted_features(feats)
     if noise > 0:
         scale = noise * feats.pow(2).mean().sqrt()
         inp = inp + scale * torch.randn(inp.shape, generator=generator)
-    return draft(ids, inp).hidden
+    if depth == 1:
+        return [draft(ids, inp).hidden]
+    B, S = ids.shape
+    positions = torch.arange(S)[None].expand(B, S)
+    cache, out = None, []
+    for d in range(1, depth + 1):
+        mask = ttt_mask(S, d)[None, None].expand(B, 1, S, d * S)
+        step = draft(ids, inp, position_ids=positions, past_key_values=cache, use_cache=True, attention_mask=mask)
+        cache = step.past_key_values
+        out.append(step.hidden)
+        inp = shifted_features(step.hidden)
+    return out
 
 
-def evaluate_features(draft, head, examples, pad_id, batch_size):
-    """Validation: exact full-vocabulary KL and acceptance at every generated position (true
-    features, as at depth 1), and the features' mean squared error."""
+def chain_length(acceptances: list[float]) -> float:
+    """1 + a_1 + a_1 a_2 + ...: the block efficiency of one chain if its depths' acceptances were
+    independent (a proxy that picks the checkpoint; equals 1 + a_1 at depth 1)."""
+    total, run = 1.0, 1.0
+    for a in acceptances:
+        run *= a
+        total += run
+    return total
+
+
+def evaluate_features(draft, head, examples, pad_id, batch_size, depth: int = 1):
+    """Validation: exact full-vocabulary KL and acceptance at every generated position for each
+    depth 1 .. ``depth`` (depth 1: true features; deeper: the training-time test's guessed
+    features), and the depth-1 features' mean squared error. Returns (KLs, acceptances, MSE)."""
     draft.eval()
-    accs, kls, n, se, m = 0.0, 0.0, 0, 0.0, 0
+    accs, kls, n, se, m = [0.0] * depth, [0.0] * depth, 0, 0.0, 0
     with torch.no_grad():
         for i in range(0, len(examples), batch_size):
             ids, rows, cols, hidden, _, _, feats, has = make_feature_batch(examples[i:i + batch_size], pad_id)
-            h = feature_draft_hidden(draft, ids, feats, 0.0)
-            kl, acc = kl_and_acceptance(draft.logits(h[rows, cols]), hidden.float() @ head.T)
-            accs += acc.item() * len(rows)
-            kls += kl.item() * len(rows)
+            hs = feature_draft_hidden(draft, ids, feats, 0.0, depth=depth)
+            target_logits = hidden.float() @ head.T
+            for d, h in enumerate(hs):
+                kl, acc = kl_and_acceptance(draft.logits(h[rows, cols]), target_logits)
+                accs[d] += acc.item() * len(rows)
+                kls[d] += kl.item() * len(rows)
             n += len(rows)
-            se += (h - feats)[has].pow(2).sum().item()
-            m += int(has.sum()) * h.shape[-1]
+            se += (hs[0] - feats)[has].pow(2).sum().item()
+            m += int(has.sum()) * hs[0].shape[-1]
     draft.train()
-    return kls / n, accs / n, se / m
+    return [x / n for x in kls], [x / n for x in accs], se / m
 
 
 def train_features(args, paths: list[Path]) -> None:
@@ -526,10 +572,16 @@ def train_features(args, paths: list[Path]) -> None:
     log(f"train: feature draft, {draft.config.num_hidden_layers} layer(s) x {draft.config.hidden_size} hidden, "
         f"MLP {draft.config.intermediate_size}, {n_train / 1e6:.2f} M trained parameters (embedding and head: "
         f"the target's, frozen, not saved); loss KL + {args.tv_weight} (1 - acceptance) on top-{args.top_k} cells "
-        f"+ {args.reg_weight} x feature smooth-L1; input noise {args.feature_noise} RMS")
+        f"+ {args.reg_weight} x feature smooth-L1; input noise {args.feature_noise} RMS"
+        + (f"; training-time test over depths 1-{args.ttt_depth}, each weighing the same" if args.ttt_depth > 1 else ""))
     pad_id = tokenizer.pad_token_id
-    kl0, acc0, mse0 = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
-    log(f"train: before training: val KL {kl0:.3f}, val acceptance {acc0:.4f}, feature MSE {mse0:.4f}")
+    D = args.ttt_depth
+
+    def report(kls, accs, mse) -> str:
+        per = ", ".join(f"{a:.4f}" for a in accs)
+        return (f"val KL {kls[0]:.3f}, val acceptance {accs[0]:.4f}" + (f" (depths 1-{D}: {per}; chain proxy "
+                f"{chain_length(accs):.4f})" if D > 1 else "") + f", feature MSE {mse:.4f}")
+    log(f"train: before training: {report(*evaluate_features(draft, head, val, pad_id, args.batch_seqs, D))}")
     trainable = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng = random.Random(args.seed)
@@ -539,23 +591,26 @@ def train_features(args, paths: list[Path]) -> None:
 
     def checkpoint(label: str, best: float) -> float:
         """Validate, log, save the draft if it is the best so far; the best validation acceptance."""
-        vkl, vacc, vmse = evaluate_features(draft, head, val, pad_id, args.batch_seqs)
-        log(f"train: {label} epoch {state['epoch']} {time.time() - start:.0f} s: val KL {vkl:.3f}, "
-            f"val acceptance {vacc:.4f}, feature MSE {vmse:.4f}")
-        if vacc > best:
+        kls, accs, mse = evaluate_features(draft, head, val, pad_id, args.batch_seqs, D)
+        log(f"train: {label} epoch {state['epoch']} {time.time() - start:.0f} s: {report(kls, accs, mse)}")
+        score = chain_length(accs) - 1.0  # = the depth-1 acceptance when D = 1
+        if score > best:
             save_feature_draft(draft, args.out)
-            return vacc
+            return score
         return best
     start = time.time()
     bar = tqdm(total=args.steps, desc="train", unit="step")
     for batch in time_boxed_batches(tr, args, rng, state):
         lr = set_lr(opt, args, step, start)
         ids, rows, cols, _, top_p, top_i, feats, has = make_feature_batch(batch, pad_id)
+        kl = acc_g = reg = 0.0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-            h = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen)
-            logits = draft.logits(h[rows, cols])
-        kl, acc_g = topk_kl_and_acceptance(logits, top_p, top_i)
-        reg = torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has])
+            hs = feature_draft_hidden(draft, ids, feats, args.feature_noise, gen, depth=D)
+            logits = [draft.logits(h[rows, cols]) for h in hs]
+        for h, lg in zip(hs, logits):  # every depth weighs the same
+            kl_d, acc_d = topk_kl_and_acceptance(lg, top_p, top_i)
+            kl, acc_g = kl + kl_d / D, acc_g + acc_d / D
+            reg = reg + torch.nn.functional.smooth_l1_loss(h.float()[has], feats[has]) / D
         loss = kl + args.tv_weight * (1.0 - acc_g) + args.reg_weight * reg
         optimizer_step(opt, loss, trainable)
         step += 1
@@ -568,7 +623,7 @@ def train_features(args, paths: list[Path]) -> None:
     if step < args.steps:
         log(f"train: stopped by the --minutes limit at step {step} of {args.steps}")
     best = checkpoint(f"final step {step}", best)
-    log(f"train: saved the best feature draft (val acceptance {best:.4f}) to {args.out}")
+    log(f"train: saved the best feature draft (val {'acceptance' if D == 1 else 'chain proxy - 1'} {best:.4f}) to {args.out}")
 
 
 def time_boxed_batches(tr: list, args, rng, state: dict):
@@ -677,6 +732,10 @@ def main(argv=None) -> None:
                     help="train, --arch features: weight of the smooth-L1 loss on the guessed features")
     ap.add_argument("--feature-noise", type=float, default=0.05,
                     help="train, --arch features: Gaussian noise on the input features, in feature RMS")
+    ap.add_argument("--ttt-depth", type=int, default=1,
+                    help="train, --arch features: EAGLE-3's training-time test over depths 1..N (the draft "
+                         "reads its own guessed features at depth >= 2, attending as the decoder's chain does); "
+                         "1 = teacher forcing on true features only")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=200)
@@ -688,6 +747,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.phase in ("all", "train") and args.out is None:
         ap.error("--out DIR is required for training: the lab never writes into the package by itself")
+    if args.ttt_depth < 1:
+        ap.error(f"--ttt-depth must be at least 1, got {args.ttt_depth}")
     torch.set_num_threads(args.threads)
     conditions(args)
     paths = args.data_dir or [data_dir(args)]

@@ -76,18 +76,22 @@ class FeatureDraft(torch.nn.Module):
         self.__dict__["head"] = head
         self.subset_head = None  # a SubsetHead when the draft proposes among S tokens only (otm.decode.draft_vocab)
 
-    def forward(self, input_ids, features, position_ids=None, past_key_values=None, use_cache=False):
+    def forward(self, input_ids, features, position_ids=None, past_key_values=None, use_cache=False,
+                attention_mask=None):
         """Hidden states ``[b, q, H]`` (guesses of the target's features) for ``input_ids [b, q]``.
 
         ``features [b, q, H]``: at element j the target's feature at the previous position (or
-        the draft's own guess of it). Returns ``SimpleNamespace(hidden, past_key_values)``.
+        the draft's own guess of it). ``attention_mask``: none (causal), or a prepared 4D boolean
+        mask ``[b, 1, q, cache + q]`` (True = attends), as training-time test uses
+        (``analysis/lab/train_draft.py``). Returns ``SimpleNamespace(hidden, past_key_values)``.
         """
         emb = torch.nn.functional.embedding(input_ids, self.embedding)
         z = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         from .decoder import cache_keyword, returned_cache
 
+        extra = {} if attention_mask is None else {"attention_mask": attention_mask}
         out = self.model(inputs_embeds=z, position_ids=position_ids, use_cache=use_cache,
-                         **{cache_keyword(self.model.forward): past_key_values})
+                         **{cache_keyword(self.model.forward): past_key_values}, **extra)
         return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=returned_cache(out))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
