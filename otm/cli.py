@@ -109,6 +109,10 @@ def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, st
         from .verifiers import optimal
 
         return optimal.acceptance(target, draft, k), CLOSED_FORMS[name]
+    if name == "optimal_without_replacement":
+        from .verifiers import optimal_without_replacement
+
+        return optimal_without_replacement.acceptance(target, draft, k), "exact law by enumeration of the draft sets"
     if name == "rrs_without_replacement":
         from .verifiers.rrs_without_replacement import acceptance
 
@@ -168,7 +172,11 @@ def acceptance_report(
             else:
                 skipped[v.name] = "needs the LP, not built"
         else:
-            value, method = _closed_form_acceptance(v.name, target, draft, k)
+            try:
+                value, method = _closed_form_acceptance(v.name, target, draft, k)
+            except OtmError as e:  # optimal_without_replacement beyond its enumeration limit
+                skipped[v.name] = str(e)
+                continue
             verifiers[v.name] = {"acceptance": value, "law_error": None, "method": method}
     return {"scheme": scheme.name, "k": k, "V": int(target.size), "optimal": {"lp": lp, "fast": fast},
             "methods": methods, "verifiers": verifiers, "skipped": skipped}

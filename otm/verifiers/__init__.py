@@ -12,6 +12,8 @@ name                        scheme(s)                      source
 ``lp_optimal``              any (small V)                  the OTM LP plan
 ``optimal``                 ``iid``, any V                 Khisti et al. ICLR 2025 form; Fujishige's
                                                            lexicographically optimal base (reports its gap)
+``optimal_without_replacement`` ``without_replacement``,   the same form; layered Luce choice reaching the
+                            small V (enumerated sets)      lexicographically optimal base (reports its gap)
 =========================== ============================== ===================================
 
 ``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.Bound`
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..schemes import Scheme
-from . import greedy, kseq, lp_optimal, optimal, rrs, rrs_without_replacement, spechub, speculative
+from . import (greedy, kseq, lp_optimal, optimal, optimal_without_replacement, rrs, rrs_without_replacement, spechub,
+               speculative)
 from .base import NOT_ACCEPTED, Bound, Outcome
 
 
@@ -56,6 +59,7 @@ VERIFIERS: dict[str, Verifier] = {
         Verifier("spechub", spechub, ("spechub",)),
         Verifier("lp_optimal", lp_optimal, ("*",)),
         Verifier("optimal", optimal, ("iid",)),
+        Verifier("optimal_without_replacement", optimal_without_replacement, ("without_replacement",)),
     )
 }
 
