@@ -132,7 +132,7 @@ def _ttt_against_decoder(depth: int, seed: int = 0, mask=None) -> float:
     one pass per depth) and the decoder's own incremental drafting of every chain (its
     ``_FeatureRunner``: the context read with true features, then drafted elements with the
     draft's guesses, through its KV cache) on a tiny float64 feature draft."""
-    import train_draft
+    import draftlab
     from test_feature_draft import tiny_pair
 
     from otm.decode import decoder as dec
@@ -144,14 +144,14 @@ def _ttt_against_decoder(depth: int, seed: int = 0, mask=None) -> float:
     B, S, H = 2, 9, draft.config.hidden_size
     ids = torch.randint(0, 11, (B, S), generator=g)
     feats = torch.randn(B, S, H, generator=g, dtype=torch.float64)
-    old = train_draft.ttt_mask
+    old = draftlab.ttt_mask
     if mask is not None:
-        train_draft.ttt_mask = mask
+        draftlab.ttt_mask = mask
     try:
         with torch.no_grad():
-            hs = train_draft.feature_draft_hidden(draft, ids, feats, 0.0, depth=depth)
+            hs = draftlab.feature_draft_hidden(draft, ids, feats, 0.0, depth=depth)
     finally:
-        train_draft.ttt_mask = old
+        draftlab.ttt_mask = old
     assert len(hs) == depth
     worst = 0.0
     inputs = shifted_features(feats)
@@ -192,3 +192,27 @@ def test_chain_length_proxy():
     assert chain_length([]) == 1.0
     assert abs(chain_length([0.5]) - 1.5) < 1e-15
     assert abs(chain_length([0.5, 0.5, 0.5]) - 1.875) < 1e-15
+
+
+def test_ttt_depth_below_one_is_refused(capsys, tmp_path):
+    from train_draft import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--phase", "train", "--arch", "features", "--ttt-depth", "0", "--out", str(tmp_path / "d")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--ttt-depth must be at least 1, got 0" in err
+
+
+def test_held_out_acceptance_by_depth_needs_a_feature_draft():
+    """eval_draft --depths: a token-only draft reads the same prefix at every depth, so depth > 1 is
+    refused for it (one line), as is depth 0."""
+    from draftlab import held_out_acceptance
+
+    from otm.laws import OtmError
+
+    token_draft = _tiny_llama(seed=1)
+    for depth in (0, 2):
+        with pytest.raises(OtmError, match="needs depth >= 1 and, beyond 1, a feature draft") as exc:
+            held_out_acceptance(token_draft, token_draft, None, ["hi"], depth=depth)
+        assert "\n" not in str(exc.value)

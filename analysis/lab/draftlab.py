@@ -306,10 +306,68 @@ def evaluate(draft, head, examples, pad_id, batch_size):
 
 
 # ---------------------------------------------------------------------------------------------
+# Feature drafts: depth >= 2 by EAGLE-3's training-time test (train_draft.py --ttt-depth, eval_draft.py --depths)
+
+def ttt_mask(S: int, depth: int) -> torch.Tensor:
+    """Training-time test's attention mask ``[S, depth * S]`` (True = attends) of pass ``depth``.
+
+    The keys are those of passes 1 .. depth, S each, in that order (the draft's KV cache after
+    them). Query j of pass d stands for the draft's element at depth d of a chain that starts
+    after the accepted context ``x_{<= t}``, t = j - d + 1, as the decoder drafts it
+    (:meth:`otm.decode.decoder.Decoder.draft_rows`): it attends to pass 1's keys at positions
+    ``<= t`` (the context, read with the target's true features) and to pass e's key at position
+    ``t + e - 1`` for e = 2 .. d (the chain's drafted elements, read with guessed features),
+    itself last. Pass 1 is the plain causal mask."""
+    j = torch.arange(S)[:, None]
+    i = torch.arange(S)[None, :]
+    blocks = [i <= j - depth + 1] + [i == j - depth + e for e in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def feature_draft_hidden(draft, ids, feats, noise: float, generator=None, depth: int = 1) -> list[torch.Tensor]:
+    """Draft hidden states ``[B, S, H]`` for right-padded ``ids``, one per depth 1 .. ``depth``.
+
+    Depth 1 reads the true features shifted by one (the input of element j is f_{j-1});
+    ``noise`` > 0 adds Gaussian noise of that many feature RMS to them (EAGLE's augmentation).
+    Depth d >= 2 is EAGLE-3's training-time test: element j reads the draft's own depth-(d-1)
+    guess h_{j-1} instead of f_{j-1} and attends as :func:`ttt_mask` says, so pass d computes, at
+    every position at once, exactly what the decoder computes at depth d of a drafted chain
+    (``tests/test_train_draft.py`` checks it against the decoder's own incremental drafting)."""
+    from otm.decode.feature_draft import shifted_features
+
+    inp = shifted_features(feats)
+    if noise > 0:
+        scale = noise * feats.pow(2).mean().sqrt()
+        inp = inp + scale * torch.randn(inp.shape, generator=generator)
+    if depth == 1:
+        return [draft(ids, inp).hidden]
+    B, S = ids.shape
+    positions = torch.arange(S)[None].expand(B, S)
+    cache, out = None, []
+    for d in range(1, depth + 1):
+        mask = ttt_mask(S, d).to(ids.device)[None, None].expand(B, 1, S, d * S)
+        step = draft(ids, inp, position_ids=positions, past_key_values=cache, use_cache=True, attention_mask=mask)
+        cache = step.past_key_values
+        out.append(step.hidden)
+        inp = shifted_features(step.hidden)
+    return out
+
+
+def chain_length(acceptances: list[float]) -> float:
+    """1 + a_1 + a_1 a_2 + ...: the block efficiency of one chain if its depths' acceptances were
+    independent (a proxy that picks the checkpoint; equals 1 + a_1 at depth 1)."""
+    total, run = 1.0, 1.0
+    for a in acceptances:
+        run *= a
+        total += run
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
 # Held-out acceptance (eval_draft.py, the heavy test in tests/test_models.py)
 
 def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_tokens=128,
-                        seed=0, batch_size=16):
+                        seed=0, batch_size=16, depth=1):
     """Single-draft acceptance of a draft on target-sampled continuations of ``prompts``.
 
     Each prompt (a user message; the tokenizer's chat template is applied) is continued by the
@@ -324,13 +382,20 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
 
     A feature draft (:class:`otm.decode.feature_draft.FeatureDraft`) is given the target's features of
     the same prefix, as the decoder gives them at the first draft position of each step (its
-    depth-1 acceptance).
+    depth-1 acceptance). ``depth`` > 1 (feature drafts only): each array is ``[depth, t]``, row
+    d - 1 the acceptance at depth d, the draft reading its own guessed features for the d - 1
+    positions before (:func:`feature_draft_hidden`, the decoder's chain with the target's tokens).
     """
 
     if not prompts:
         raise OtmError("held_out_acceptance needs at least one prompt")
     if new_tokens < 1:
         raise OtmError(f"new_tokens must be >= 1, got {new_tokens}")
+    from otm.decode.feature_draft import FeatureDraft
+
+    if depth < 1 or (depth > 1 and not isinstance(draft_model, FeatureDraft)):
+        raise OtmError(f"depth {depth}: acceptance by depth needs depth >= 1 and, beyond 1, a feature draft "
+                       "(a token-only draft reads the same prefix at every depth)")
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     results = []
@@ -358,9 +423,14 @@ def held_out_acceptance(target_model, draft_model, tokenizer, prompts, *, new_to
                 with torch.no_grad():
                     logits, feats = target_features(target_model, ids)
                     p_target = torch.softmax(logits[0, positions].float(), -1)
-                    d_logits = feature_draft_logits(draft_model, target_model, ids, feats)
-                    p_draft = torch.softmax(d_logits[0, positions].float(), -1)
-                results.append(torch.minimum(p_target, p_draft).sum(-1).double().cpu().numpy())
+                    if depth == 1:
+                        d_logits = [feature_draft_logits(draft_model, target_model, ids, feats)]
+                    else:
+                        d_logits = [draft_model.logits(h) for h in feature_draft_hidden(draft_model, ids, feats, 0.0,
+                                                                                        depth=depth)]
+                    acc = [torch.minimum(p_target, torch.softmax(lg[0, positions].float(), -1)).sum(-1)
+                           for lg in d_logits]
+                results.append((acc[0] if depth == 1 else torch.stack(acc)).double().cpu().numpy())
     finally:
         tokenizer.padding_side = side
     return [np.asarray(r) for r in results]

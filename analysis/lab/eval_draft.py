@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from draftlab import HELD_OUT_PROMPTS, all_training_prompts, held_out_acceptance
+from draftlab import HELD_OUT_PROMPTS, all_training_prompts, chain_length, held_out_acceptance
 
 from otm.decode.feature_draft import FeatureDraft
 from otm.decode.models import load_draft, load_pair
@@ -61,6 +61,9 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depths", type=int, default=1,
+                    help="feature drafts: also the acceptance at depths 2..N of a drafted chain (the draft "
+                         "reading its own guessed features, with the target's tokens), each with its interval")
     ap.add_argument("--baseline", default=None,
                     help="a second draft dir scored on the same target samples: prints the paired "
                          "difference with a bootstrap interval over prompts")
@@ -91,8 +94,10 @@ def main(argv=None) -> None:
     start = time.time()
     per_prompt = held_out_acceptance(
         target, draft, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
-        new_tokens=args.new_tokens, seed=args.seed,
+        new_tokens=args.new_tokens, seed=args.seed, depth=args.depths,
     )
+    by_depth = per_prompt if args.depths > 1 else None
+    per_prompt = [a[0] for a in by_depth] if by_depth else per_prompt
     elapsed = time.time() - start
     all_pos = np.concatenate(per_prompt)
     lo, hi = bootstrap_ci(per_prompt, args.seed)
@@ -102,12 +107,19 @@ def main(argv=None) -> None:
           f"median {np.median(per_prompt_means):.3f}, max {per_prompt_means.max():.3f}")
     print(f"held-out acceptance sum_x min(target, draft), mean over positions: "
           f"{all_pos.mean():.4f}  (95% CI {lo:.4f} .. {hi:.4f}, bootstrap over prompts)")
+    if by_depth:
+        report_depths(by_depth, args.seed)
     if args.baseline:
         base = load_draft(args.baseline, target)  # next to the target already loaded
         base_pp = held_out_acceptance(
             target, base, tokenizer, HELD_OUT_PROMPTS[: args.prompts],
-            new_tokens=args.new_tokens, seed=args.seed,
+            new_tokens=args.new_tokens, seed=args.seed, depth=args.depths,
         )
+        if by_depth:
+            base_by_depth = base_pp
+            print(f"baseline {args.baseline}:")
+            report_depths(base_pp, args.seed)
+            base_pp = [a[0] for a in base_pp]
         if [len(a) for a in base_pp] != [len(a) for a in per_prompt]:
             raise SystemExit("the target's samples differ between the two runs: no paired comparison")
         diff = [a - b for a, b in zip(per_prompt, base_pp)]
@@ -115,6 +127,23 @@ def main(argv=None) -> None:
         b_all = np.concatenate(base_pp)
         print(f"baseline {args.baseline}: {b_all.mean():.4f}; paired difference draft - baseline "
               f"{all_pos.mean() - b_all.mean():+.4f} (95% CI {dlo:+.4f} .. {dhi:+.4f}, bootstrap over prompts)")
+        for d in range(1, args.depths if by_depth else 0):
+            diff = [a[d] - b[d] for a, b in zip(by_depth, base_by_depth)]
+            dlo, dhi = bootstrap_ci(diff, args.seed)
+            delta = np.concatenate(diff).mean()
+            print(f"depth {d + 1}: paired difference draft - baseline {delta:+.4f} (95% CI {dlo:+.4f} .. {dhi:+.4f})")
+
+
+def report_depths(by_depth, seed) -> None:
+    """One line per depth: mean acceptance over positions with its bootstrap interval over prompts,
+    and the chain proxy 1 + a_1 + a_1 a_2 + ... of those means."""
+    means = []
+    for d in range(by_depth[0].shape[0]):
+        rows = [a[d] for a in by_depth]
+        lo, hi = bootstrap_ci(rows, seed)
+        means.append(np.concatenate(rows).mean())
+        print(f"  depth {d + 1}: acceptance {means[-1]:.4f} (95% CI {lo:.4f} .. {hi:.4f})")
+    print(f"  chain proxy 1 + a1 + a1 a2 + ...: {chain_length(means):.4f}")
 
 
 if __name__ == "__main__":

@@ -67,15 +67,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from draftlab import (
+from draftlab import (  # noqa: F401 (ttt_mask: imported here too, the tests patch it through draftlab)
     HELD_OUT_PROMPTS,
     PROMPT_SETS,
     SELF_MIN_CHARS,
     SELF_OVERSAMPLE,
     SELF_QUERY_TOKENS,
+    chain_length,
     conditions,
     draft_logits,
     evaluate,
+    feature_draft_hidden,
     kl_and_acceptance,
     load_examples,
     load_target,
@@ -83,6 +85,7 @@ from draftlab import (
     make_batch,
     split_examples,
     topk_kl_and_acceptance,
+    ttt_mask,
 )
 
 from otm.decode.embedded import cache_dir
@@ -460,62 +463,6 @@ def make_feature_batch(examples, pad_id: int):
         feats[i, :n] = torch.cat([pf, h]).float()
         has[i, :n] = True
     return ids, rows, cols, hidden, top_p, top_i, feats, has
-
-
-def ttt_mask(S: int, depth: int) -> torch.Tensor:
-    """Training-time test's attention mask ``[S, depth * S]`` (True = attends) of pass ``depth``.
-
-    The keys are those of passes 1 .. depth, S each, in that order (the draft's KV cache after
-    them). Query j of pass d stands for the draft's element at depth d of a chain that starts
-    after the accepted context ``x_{<= t}``, t = j - d + 1, as the decoder drafts it
-    (:meth:`otm.decode.decoder.Decoder.draft_rows`): it attends to pass 1's keys at positions
-    ``<= t`` (the context, read with the target's true features) and to pass e's key at position
-    ``t + e - 1`` for e = 2 .. d (the chain's drafted elements, read with guessed features),
-    itself last. Pass 1 is the plain causal mask."""
-    j = torch.arange(S)[:, None]
-    i = torch.arange(S)[None, :]
-    blocks = [i <= j - depth + 1] + [i == j - depth + e for e in range(2, depth + 1)]
-    return torch.cat(blocks, dim=1)
-
-
-def feature_draft_hidden(draft, ids, feats, noise: float, generator=None, depth: int = 1) -> list[torch.Tensor]:
-    """Draft hidden states ``[B, S, H]`` for right-padded ``ids``, one per depth 1 .. ``depth``.
-
-    Depth 1 reads the true features shifted by one (the input of element j is f_{j-1});
-    ``noise`` > 0 adds Gaussian noise of that many feature RMS to them (EAGLE's augmentation).
-    Depth d >= 2 is EAGLE-3's training-time test: element j reads the draft's own depth-(d-1)
-    guess h_{j-1} instead of f_{j-1} and attends as :func:`ttt_mask` says, so pass d computes, at
-    every position at once, exactly what the decoder computes at depth d of a drafted chain
-    (``tests/test_train_draft.py`` checks it against the decoder's own incremental drafting)."""
-    from otm.decode.decoder import returned_cache
-    from otm.decode.feature_draft import shifted_features
-
-    inp = shifted_features(feats)
-    if noise > 0:
-        scale = noise * feats.pow(2).mean().sqrt()
-        inp = inp + scale * torch.randn(inp.shape, generator=generator)
-    if depth == 1:
-        return [draft(ids, inp).hidden]
-    B, S = ids.shape
-    positions = torch.arange(S)[None].expand(B, S)
-    cache, out = None, []
-    for d in range(1, depth + 1):
-        mask = ttt_mask(S, d)[None, None].expand(B, 1, S, d * S)
-        step = draft(ids, inp, position_ids=positions, past_key_values=cache, use_cache=True, attention_mask=mask)
-        cache = step.past_key_values
-        out.append(step.hidden)
-        inp = shifted_features(step.hidden)
-    return out
-
-
-def chain_length(acceptances: list[float]) -> float:
-    """1 + a_1 + a_1 a_2 + ...: the block efficiency of one chain if its depths' acceptances were
-    independent (a proxy that picks the checkpoint; equals 1 + a_1 at depth 1)."""
-    total, run = 1.0, 1.0
-    for a in acceptances:
-        run *= a
-        total += run
-    return total
 
 
 def evaluate_features(draft, head, examples, pad_id, batch_size, depth: int = 1):
