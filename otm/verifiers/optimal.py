@@ -229,6 +229,16 @@ SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
 
 
+def _descending(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(-values, kind="stable")``: the unstable (vectorised) sort when no two values are
+    equal, which is then the only order; the stable sort when some are (or are nan)."""
+    order = np.argsort(-values)
+    s = values[order]
+    if (s[1:] == s[:-1]).any() or np.isnan(s[-1:]).any():  # nan sorts last
+        order = np.argsort(-values, kind="stable")
+    return order
+
+
 def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
 
@@ -242,7 +252,8 @@ def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     lo_code = (1023 - RATIO_RANGE) << bits
     hi_code = (1023 + RATIO_RANGE) << bits
     with np.errstate(divide="ignore", invalid="ignore"):
-        code = (p / q).view(np.int64) >> shift  # +inf and nan above hi_code, 0 below lo_code
+        code = np.divide(p, q).view(np.int64)
+    np.right_shift(code, shift, out=code)  # +inf and nan above hi_code, 0 below lo_code
     np.clip(code, lo_code, hi_code, out=code)
     gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
     codes = hi_code - np.arange(hi_code - lo_code + 1)
@@ -419,7 +430,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
             idx = np.flatnonzero(split[gid])
             with np.errstate(divide="ignore", invalid="ignore"):
                 r_idx = p[idx] / q[idx]
-            idx = idx[np.argsort(-r_idx, kind="stable")]  # buckets are ratio slices: bucket order kept
+            idx = idx[_descending(r_idx)]  # buckets are ratio slices: bucket order kept
             b = gid[idx]
             first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
             split_grp = base[b] + np.arange(idx.size) - first[b]
@@ -521,7 +532,10 @@ def _layout_rows(Ps, Qs, k: int):
     row = np.repeat(np.arange(n_r.size), n_r)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.lexsort((np.where(p > 0, -ratio, np.inf), row))  # stable: ties keep their index order
+    key = np.where(p > 0, -ratio, np.inf)
+    ordered = key[1:] >= key[:-1]  # the groups arrive in ratio order, as a rule: then the sort is the identity
+    ordered[bounds[1:-1] - 1] = True  # (row boundaries)
+    order = np.arange(N) if ordered.all() else np.lexsort((key, row))  # stable: ties keep their index order
     ps, qs = p[order], q[order]
     # comp_lo[j] = 1 - D_{j-1}, comp_hi[j] = 1 - D_j within the row, from the small end
     comp_lo = _row_cumsum(qs[::-1], (N - bounds)[::-1])[::-1]
