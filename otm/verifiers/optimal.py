@@ -201,19 +201,25 @@ def _split(cA, L, Q, Vt, theta_split, k):
     a_min, a_max = cA - hi, cA - lo
     a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
-    live = np.ones(a.shape, dtype=bool)
+    shape = a.shape
+    a = a.ravel()
+    live = np.arange(a.size)  # the entries still iterating, and their own W, C, a_min, a
+    W, C, a_min = (np.broadcast_to(v, shape).ravel()[live] for v in (W, C, a_min))
+    a_live = a
     with np.errstate(divide="ignore", invalid="ignore"):
         for _ in range(NEWTON_STEPS):
-            b = np.maximum(W - a, 0.0)
-            ak1, bk1 = a ** (k - 1), b ** (k - 1)
-            over = a * ak1 + b * bk1 - C
+            b = np.maximum(W - a_live, 0.0)
+            ak1, bk1 = a_live ** (k - 1), b ** (k - 1)
+            over = a_live * ak1 + b * bk1 - C
             d = k * (ak1 - bk1)
-            step = np.where(live & (over > 0) & (d > 0), over / d, 0.0)
-            a = np.maximum(a - step, a_min)
-            live &= step > tol * a  # an entry stops after its first step below tolerance (its own
-            if not live.any():  # result, whatever else is solved beside it)
+            step = np.where((over > 0) & (d > 0), over / d, 0.0)
+            a_live = np.maximum(a_live - step, a_min)
+            a[live] = a_live
+            go = step > tol * a_live  # an entry stops after its first step below tolerance (its own
+            if not go.any():  # result, whatever else is solved beside it): only the others go on
                 break
-    return cA - a
+            live, a_live, W, C, a_min = live[go], a_live[go], W[go], C[go], a_min[go]
+    return cA - a.reshape(shape)
 
 
 GROUP_BITS = 3
@@ -407,7 +413,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     Q_b = np.bincount(gid, weights=q, minlength=nb)
     split = np.zeros(nb, dtype=bool)
     nonempty = n_b > 0
-    idx = split_grp = np.zeros(0, dtype=np.int64)
+    idx = split_grp = asc = perm = np.zeros(0, dtype=np.int64)
     # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
     # (these are the groups that straddle): split them from the start, saving a round
     filled = np.flatnonzero(nonempty)
@@ -427,10 +433,11 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
         P_g[base[whole]] = P_b[whole]
         Q_g[base[whole]] = Q_b[whole]
         if split.any():
-            idx = np.flatnonzero(split[gid])
+            asc = np.flatnonzero(split[gid])  # the split tokens, ascending
             with np.errstate(divide="ignore", invalid="ignore"):
-                r_idx = p[idx] / q[idx]
-            idx = idx[_descending(r_idx)]  # buckets are ratio slices: bucket order kept
+                r_idx = p[asc] / q[asc]
+            perm = _descending(r_idx)
+            idx = asc[perm]  # in ratio order; buckets are ratio slices: bucket order kept
             b = gid[idx]
             first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
             split_grp = base[b] + np.arange(idx.size) - first[b]
@@ -476,8 +483,9 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    order = np.argsort(idx)
-    out = Rule(p, q, gid, base, idx[order], split_grp[order], t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    grp_asc = np.empty_like(split_grp)
+    grp_asc[perm] = split_grp  # the split tokens' groups in ascending token order (split_tok = asc)
+    out = Rule(p, q, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
     # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
     acc_g = np.minimum(x_g, P_g)
