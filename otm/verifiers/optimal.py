@@ -543,7 +543,8 @@ def _layout_rows(Ps, Qs, k: int):
     key = np.where(p > 0, -ratio, np.inf)
     ordered = key[1:] >= key[:-1]  # the groups arrive in ratio order, as a rule: then the sort is the identity
     ordered[bounds[1:-1] - 1] = True  # (row boundaries)
-    order = np.arange(N) if ordered.all() else np.lexsort((key, row))  # stable: ties keep their index order
+    identity = bool(ordered.all())
+    order = np.arange(N) if identity else np.lexsort((key, row))  # stable: ties keep their index order
     ps, qs = p[order], q[order]
     # comp_lo[j] = 1 - D_{j-1}, comp_hi[j] = 1 - D_j within the row, from the small end
     comp_lo = _row_cumsum(qs[::-1], (N - bounds)[::-1])[::-1]
@@ -577,6 +578,13 @@ def _layout_rows(Ps, Qs, k: int):
             x_s, theta_s, x1_s = _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks,
                                          row, bounds, x_s, theta_s, k)
     out = []
+    if identity:  # every row already in ratio order: its sorted arrays are its arrays
+        blk_all = block - np.repeat(block[bounds[:-1]], n_r)  # layer within the row
+        for r in range(n_r.size):
+            a, b = bounds[r], bounds[r + 1]
+            V, rank, blk = b - a, np.arange(b - a), blk_all[a:b]
+            out.append((x_s[a:b], theta_s[a:b], (2 * blk) * V + rank, (2 * blk + 1) * V + rank, x1_s[a:b]))
+        return out
     for r in range(n_r.size):
         a, b = bounds[r], bounds[r + 1]
         V = b - a
