@@ -245,6 +245,18 @@ def _descending(values: np.ndarray) -> np.ndarray:
     return order
 
 
+def _tokens_in(gid: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(buckets[gid])``: the tokens whose bucket is marked, ascending (a few buckets:
+    comparisons with each, cheaper than the lookup per token)."""
+    ids = np.flatnonzero(buckets)
+    if ids.size > 3:
+        return np.flatnonzero(buckets[gid])
+    mask = gid == ids[0] if ids.size else np.zeros(gid.size, dtype=bool)
+    for b in ids[1:]:
+        mask |= gid == b
+    return np.flatnonzero(mask)
+
+
 def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
 
@@ -433,7 +445,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
         P_g[base[whole]] = P_b[whole]
         Q_g[base[whole]] = Q_b[whole]
         if split.any():
-            asc = np.flatnonzero(split[gid])  # the split tokens, ascending
+            asc = _tokens_in(gid, split & nonempty)  # the split tokens, ascending
             with np.errstate(divide="ignore", invalid="ignore"):
                 r_idx = p[asc] / q[asc]
             perm = _descending(r_idx)
@@ -492,7 +504,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
     acc = float(acc_g.sum())
     if left.any():
-        tok = np.flatnonzero(left[gid])
+        tok = _tokens_in(gid, left)
         x_t = out.at(tok)[3]
         acc += float(np.minimum(x_t, p[tok]).sum()) - float(acc_g[base[left]].sum())
     return dataclasses.replace(out, acceptance=acc)
