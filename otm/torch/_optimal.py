@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..verifiers import optimal as _np_optimal
+from ..verifiers.optimal import Scaled
 from ._core import (
     NOT_ACCEPTED,
     Verified,
@@ -59,20 +60,29 @@ from ._core import (
 )
 
 
-def _normalised_row(law: np.ndarray) -> np.ndarray:
-    """One row as float64 divided by its float64 sum: :func:`otm.laws.check_law`'s ``law / law.sum()``,
-    the same numbers for a float64 row (a float32 row is upcast exactly first)."""
-    if law.dtype == np.float64:
-        return law / float(law.sum())
-    out = law.astype(np.float64)
-    out /= float(out.sum())
-    return out
-
-
 def _row_steps(p_row: np.ndarray, q_row: np.ndarray, k: int):
-    """The numpy rule's steps for one row, normalising the row when its first step runs: each row's
-    O(V) work (normalisation, ratio groups, group sums) runs on data still in the core's cache."""
-    return (yield from _np_optimal._rule_steps(_normalised_row(p_row), _normalised_row(q_row), k, None))
+    """The numpy rule's steps for one row, normalising the row when its first step runs.
+
+    Each row (float32 or float64, as given) is divided by its float64 sum, as
+    :func:`otm.laws.check_law` does (``law / law.sum()``; the same numbers for a float64 row);
+    the normalised copies live only while the row's O(V) work (ratio groups, group sums) runs,
+    in the core's cache, and the rule keeps the raw row and its sum (:class:`Scaled`)."""
+    p, pl = _normalised(p_row)
+    q, ql = _normalised(q_row)
+    steps = _np_optimal._rule_steps(p, q, k, None, (pl, ql))
+    del p, q  # the steps drop them once the O(V) work is done
+    return (yield from steps)
+
+
+def _normalised(row: np.ndarray):
+    """``(row / total, Scaled(row, total))``: the row divided by its float64 sum, and the same kept lazily."""
+    if row.dtype == np.float64:
+        total = float(row.sum())
+        return row / total, Scaled(row, total)
+    out = row.astype(np.float64)  # exact
+    total = float(out.sum())
+    out /= total
+    return out, Scaled(row, total)
 
 
 def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
@@ -112,7 +122,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     rules = [distinct[i] for i in inverse]
     for r, rl in enumerate(rules):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
-        target_d[r] = rl.target[d[r]]
+        target_d[r] = rl.target_law.at(d[r])
 
     def laws(rows):
         return np.stack([rules[r].target for r in rows]), np.stack([rules[r].at()[3] for r in rows])

@@ -283,6 +283,29 @@ def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
 
 
 @dataclass(frozen=True)
+class Scaled:
+    """A law kept as ``raw / total``, evaluated in float64 where asked.
+
+    ``raw`` as given (float32 or float64), ``total`` the float64 sum it is divided by (1.0 for a
+    law already normalised in float64, whose values are then ``raw`` itself): a rule keeps its
+    laws this way, so that a caller holding the raw rows needs no normalised copy of the whole
+    vocabulary beside each row's rule (only the k drafted tokens, and the rows that reject, are
+    ever read again).
+    """
+
+    raw: np.ndarray  # [V]
+    total: float = 1.0
+
+    def at(self, tokens=None) -> np.ndarray:
+        """``raw[tokens] / total`` in float64 (the whole law when ``tokens`` is None)."""
+        if tokens is None:
+            if self.total == 1.0 and self.raw.dtype == np.float64:
+                return self.raw
+            return np.divide(self.raw, self.total, dtype=np.float64)
+        return np.divide(self.raw[tokens], self.total, dtype=np.float64)
+
+
+@dataclass(frozen=True)
 class Rule:
     """One position's grouped rule (:func:`rule`), evaluated lazily.
 
@@ -291,8 +314,8 @@ class Rule:
     ``(p - x)_+`` costs O(V) and is needed only after a rejection.
     """
 
-    target: np.ndarray  # [V] normalised target
-    draft: np.ndarray  # [V] normalised draft
+    target_law: Scaled  # the normalised target, evaluated where asked
+    draft_law: Scaled  # the normalised draft
     gid: np.ndarray  # [V] ratio bucket of each token
     base: np.ndarray  # [buckets] group of each whole bucket
     split_tok: np.ndarray  # [m] tokens of split buckets, ascending
@@ -305,6 +328,16 @@ class Rule:
     key2: np.ndarray  # [G] race key in pass 2
     acceptance: float  # sum min(x, target), from the groups
     alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+
+    @property
+    def target(self) -> np.ndarray:
+        """``[V]`` normalised target (O(V) unless the rule was given it normalised)."""
+        return self.target_law.at()
+
+    @property
+    def draft(self) -> np.ndarray:
+        """``[V]`` normalised draft."""
+        return self.draft_law.at()
 
     def groups(self, tokens=None) -> np.ndarray:
         """Group of each token asked (all tokens when ``tokens`` is None)."""
@@ -322,8 +355,7 @@ class Rule:
     def at(self, tokens=None):
         """``(theta, key1, key2, x)`` at the tokens asked (all tokens when None)."""
         g = self.groups(tokens)
-        p = self.target if tokens is None else self.target[tokens]
-        q = self.draft if tokens is None else self.draft[tokens]
+        p, q = self.target_law.at(tokens), self.draft_law.at(tokens)
         theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
         return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
 
@@ -413,16 +445,23 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
-def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
-    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout."""
+def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, laws=None):
+    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout.
+
+    ``p``, ``q``: the normalised float64 laws, read over the vocabulary once, before the first
+    layout; ``laws``, optional: the same laws as :class:`Scaled` (the same numbers where evaluated),
+    which the rule keeps and reads token by token afterwards instead of ``p``, ``q``.
+    """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
         raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
     gid, lo, hi = _ratio_groups(p, q, bits)
     nb = lo.size
     n_b = np.bincount(gid, minlength=nb)
     P_b = np.bincount(gid, weights=p, minlength=nb)
     Q_b = np.bincount(gid, weights=q, minlength=nb)
+    del p, q  # from here on the laws are read at a few tokens only
     split = np.zeros(nb, dtype=bool)
     nonempty = n_b > 0
     idx = split_grp = asc = perm = np.zeros(0, dtype=np.int64)
@@ -447,14 +486,14 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
         if split.any():
             asc = _tokens_in(gid, split & nonempty)  # the split tokens, ascending
             with np.errstate(divide="ignore", invalid="ignore"):
-                r_idx = p[asc] / q[asc]
+                r_idx = pl.at(asc) / ql.at(asc)
             perm = _descending(r_idx)
             idx = asc[perm]  # in ratio order; buckets are ratio slices: bucket order kept
             b = gid[idx]
             first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
             split_grp = base[b] + np.arange(idx.size) - first[b]
-            P_g[split_grp] = p[idx]
-            Q_g[split_grp] = q[idx]
+            P_g[split_grp] = pl.at(idx)
+            Q_g[split_grp] = ql.at(idx)
         x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
@@ -497,7 +536,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     alpha_g = 1.0 - max(0.0, float(cut.max()))
     grp_asc = np.empty_like(split_grp)
     grp_asc[perm] = split_grp  # the split tokens' groups in ascending token order (split_tok = asc)
-    out = Rule(p, q, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    out = Rule(pl, ql, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
     # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
     acc_g = np.minimum(x_g, P_g)
@@ -506,7 +545,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     if left.any():
         tok = _tokens_in(gid, left)
         x_t = out.at(tok)[3]
-        acc += float(np.minimum(x_t, p[tok]).sum()) - float(acc_g[base[left]].sum())
+        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[base[left]].sum())
     return dataclasses.replace(out, acceptance=acc)
 
 
@@ -817,4 +856,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["Plan", "Rule", "Scaled", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
