@@ -155,9 +155,9 @@ class _FirstAcceptance:
     every rho >= lo if it fails at lo. A row is settled when its first draft not failing at
     ``lo`` passes at ``hi``; ``lo``, ``hi`` are widened by 1e-12 (relative) for the rounding
     of the search. Rows where every draft might be rejected need rho* itself (the residual).
-    Settled rows keep their draft index in ``index`` (``NOT_ACCEPTED`` until settled);
-    ``active`` lists the rows the search still runs on (:func:`otm.torch._rho.search` drops
-    settled rows through :meth:`keep`).
+    ``index`` holds the settled rows' draft indices (``NOT_ACCEPTED`` for the others) once every
+    row is settled or some have been dropped; ``active`` lists the rows the search still runs on
+    (None: all; :func:`otm.torch._rho.search` drops settled rows through :meth:`keep`).
     """
 
     MARGIN = 1e-12
@@ -166,8 +166,9 @@ class _FirstAcceptance:
         self.num = p.gather(1, d).to(DECISION_DTYPE).numpy()  # [active, k], as accept_test sees them
         self.q = q.gather(1, d).to(DECISION_DTYPE).numpy()  # [active, k]
         self.u = u[:, :k].numpy()  # [active, k]
-        self.index = np.full(d.shape[0], NOT_ACCEPTED, dtype=np.int64)  # [batch]
-        self.active = np.arange(d.shape[0])  # rows (of the batch) still searched
+        self.index = None  # [batch], once known
+        self.active = None  # rows (of the batch) still searched; None: all
+        self._first = None  # [active]: the first draft not rejected at the last bracket shown
 
     def __call__(self, lo, hi):
         lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))[:, None] * (1.0 - self.MARGIN)
@@ -177,14 +178,22 @@ class _FirstAcceptance:
         rows = np.arange(first.size)
         settled = might_pass[rows, first] & (self.u * (hi * self.q) < self.num)[rows, first]
         if settled.all():
-            self.index[self.active] = first
-            return settled
-        if settled.size > 1 and settled.any():
-            self.index[self.active[settled]] = first[settled]
+            if self.active is None:
+                self.index = first
+            else:
+                self.index[self.active] = first
+        else:
+            self._first = first
         return settled
 
     def keep(self, mask):
-        """The search goes on with the active rows where ``mask`` is True only."""
+        """The search goes on with the active rows where ``mask`` is True only (the others were
+        settled at the last bracket shown)."""
+        if self.active is None:
+            self.active = np.arange(mask.size)
+            self.index = np.full(mask.size, NOT_ACCEPTED, dtype=np.int64)
+        done = ~mask
+        self.index[self.active[done]] = self._first[done]
         self.num, self.q, self.u, self.active = self.num[mask], self.q[mask], self.u[mask], self.active[mask]
 
 
@@ -238,7 +247,7 @@ def kseq(
     else:
         rho = torch.as_tensor(rho, dtype=DECISION_DTYPE, device=p.device).expand(p.shape[0]).contiguous()
         rho, beta, c, eps = _rho.at(p64, q64, k, rho)
-    if settle is not None and settle.active.size < d.shape[0]:  # some rows settled and dropped on the way
+    if settle is not None and settle.active is not None:  # some rows settled and dropped on the way
         active = torch.from_numpy(settle.active)  # [rows searched to the end]
         p, q, d_a, u_a = p[active], q[active], d[active], u[active]
     else:
