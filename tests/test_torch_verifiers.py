@@ -661,7 +661,7 @@ def test_kseq_early_settling_equals_the_full_search(batch):
     """
     rng = np.random.default_rng(13)
     same = settled = 0
-    for trial in range(60 if batch == 1 else 4):
+    for trial in range(60 if batch == 1 else 12):  # batch 40: rows settle and leave the search at different steps
         size, k = int(rng.choice([50, 3000])), int(rng.integers(2, 9))
         target, draft = random_rows(rng, size, batch)
         p, q = t(target), t(draft)
@@ -671,7 +671,7 @@ def test_kseq_early_settling_equals_the_full_search(batch):
         full = ot.kseq(p, q, drafts, uniforms=u, rho=ot.rho_star(p, q, k))
         same += torch.equal(lazy.token, full.token) and torch.equal(lazy.accepted, full.accepted)
         settled += bool((lazy.accepted >= 0).all())
-    assert same == (60 if batch == 1 else 4)
+    assert same == (60 if batch == 1 else 12)
     assert settled > 20 or batch > 1  # at batch 1 most calls end early (all 40 rows accepting is rare)
 
 

@@ -8,8 +8,10 @@ sampling from :math:`x` to the target :math:`p`: accept the selected token :math
 the numpy rule (see that module for the selection law and its gap to :math:`\alpha^*`).
 
 Where the work runs. **The set-up is numpy, one row at a time**: each row's laws are
-copied to the CPU as float64 (float32 laws first normalised in float32, as in every torch
-verifier), normalised by :func:`otm.laws.check_law` and given to the grouped rule of
+read on the CPU (float32 or float64 as given; half precisions upcast to float32, exactly),
+upcast to float64 and divided by their float64 sums as :func:`otm.laws.check_law` does (the
+same numbers as the numpy door for float64 laws; unlike the other torch verifiers, no float32
+normalisation first), row by row while the row is in cache, and given to the grouped rule of
 :func:`otm.verifiers.optimal.rule` (ratio groups from the floats' bits, no sort over the
 vocabulary; the layered two-pass race over the groups), evaluated lazily: at the k drafted
 tokens, and over the vocabulary only for the rows that reject (their residual). Rows with
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 
 from ..verifiers import optimal as _np_optimal
+from ..verifiers.optimal import Scaled
 from ._core import (
     NOT_ACCEPTED,
     Verified,
@@ -52,16 +55,41 @@ from ._core import (
     check_law_tensor,
     check_law_values,
     compute_dtype_for,
-    normalised,
     residual_draw,
     uniforms_for,
 )
 
 
+def _row_steps(p_row: np.ndarray, q_row: np.ndarray, k: int):
+    """The numpy rule's steps for one row, normalising the row when its first step runs.
+
+    Each row (float32 or float64, as given) is divided by its float64 sum, as
+    :func:`otm.laws.check_law` does (``law / law.sum()``; the same numbers for a float64 row);
+    the normalised copies live only while the row's O(V) work (ratio groups, group sums) runs,
+    in the core's cache, and the rule keeps the raw row and its sum (:class:`Scaled`)."""
+    p, pl = _normalised(p_row)
+    q, ql = _normalised(q_row)
+    steps = _np_optimal._rule_steps(p, q, k, None, (pl, ql))
+    del p, q  # the steps drop them once the O(V) work is done
+    return (yield from steps)
+
+
+def _normalised(row: np.ndarray):
+    """``(row / total, Scaled(row, total))``: the row divided by its float64 sum, and the same kept lazily."""
+    if row.dtype == np.float64:
+        total = float(row.sum())
+        return row / total, Scaled(row, total)
+    out = row.astype(np.float64)  # exact
+    total = float(out.sum())
+    out /= total
+    return out, Scaled(row, total)
+
+
 def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     """Numpy set-up per distinct row, as the numpy ``sample`` does it, evaluated lazily.
 
-    ``p``, ``q`` float64 ``[batch, V]`` (rows summing to 1 up to rounding), ``d [batch, k]``.
+    ``p``, ``q`` float32 or float64 ``[batch, V]`` as given (rows summing to 1 up to rounding;
+    each is normalised in float64 as :func:`otm.laws.check_law` does), ``d [batch, k]``.
     Returns ``(theta_d, key1_d, key2_d, target_d, x_d, residuals)``: the race arrays, the target
     (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted tokens,
     ``[batch, k]``; ``laws(rows)`` gives ``(target, x)`` ``[len(rows), V]`` for the rows that
@@ -74,10 +102,6 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     target_d = np.empty((batch, k))
     x_d = np.empty((batch, k))
     same = batch > 1 and bool((p[:, ::97] == p[:1, ::97]).all()) and bool((p == p[:1]).all() and (q == q[:1]).all())
-    # the numpy door's normalisation (check_law: law / law.sum()), all rows at once: the same
-    # numbers (a row's sum is the same pairwise sum); the values were checked by `validate`
-    p = p / p.sum(axis=1, keepdims=True)
-    q = q / q.sum(axis=1, keepdims=True)
     if same:
         first, inverse = [0], np.zeros(batch, dtype=np.int64)
     else:  # equal rows share a rule: a fingerprint of every 97th mass, then a full comparison
@@ -93,11 +117,12 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
                 bucket.append(len(first))
                 inverse[r] = len(first)
                 first.append(r)
-    distinct = _np_optimal._rules(p[first], q[first], k)  # group layouts of all rows solved together
+    # one row at a time up to the group layouts, which are solved for all rows together
+    distinct = _np_optimal._drive([_row_steps(p[r], q[r], k) for r in first], k)
     rules = [distinct[i] for i in inverse]
     for r, rl in enumerate(rules):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
-        target_d[r] = rl.target[d[r]]
+        target_d[r] = rl.target_law.at(d[r])
 
     def laws(rows):
         return np.stack([rules[r].target for r in rows]), np.stack([rules[r].at()[3] for r in rows])
@@ -119,7 +144,8 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
         Uniforms 0..k-1: pass of each draft position; k: accept test; k + 1: residual draw.
     generator : torch.Generator, optional
     compute_dtype : torch.float32 or torch.float64, optional
-        dtype in which the laws are normalised; the set-up is float64 numpy whatever it is.
+        Accepted for the common signature and checked; the laws are normalised and the set-up run
+        in float64 (numpy) whatever it is.
     validate : bool
         Check values (one device sync); shapes, dtypes and devices are always checked.
     """
@@ -128,20 +154,18 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     batch = target.shape[0]
     d = check_drafts(drafts, batch, target.device)
     k = d.shape[1]
-    dtype = compute_dtype_for(target, draft, compute_dtype=compute_dtype)
+    compute_dtype_for(target, draft, compute_dtype=compute_dtype)  # checked; the set-up is float64 whatever it is
     if validate:
         check_law_values(target, "target")
         check_law_values(draft, "draft")
         check_draft_values(d, draft)
     u = uniforms_for(uniforms, batch, k + 2, target.device, generator, validate)  # [batch, k + 2]
     device = target.device
-    # numpy set-up per distinct row, float64 on the CPU; float64 laws go in as given (numpy
-    # normalises them exactly as its own sample does), float32 ones normalised in float32 first
-    if dtype == torch.float64:
-        p_in, q_in = target.to(torch.float64), draft.to(torch.float64)
-    else:
-        p_in, q_in = normalised(target, dtype).to(torch.float64), normalised(draft, dtype).to(torch.float64)
-    theta_d, key1_d, key2_d, p_d, x_d, laws = _plans(p_in.cpu().numpy(), q_in.cpu().numpy(), d.cpu().numpy(), k)
+    # numpy set-up per distinct row, float64 on the CPU: each row upcast (exactly) and normalised in
+    # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
+    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
+    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))  # no copy for CPU float32/float64
+    theta_d, key1_d, key2_d, p_d, x_d, laws = _plans(p_in, q_in, d.cpu().numpy(), k)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
     # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
     keys = torch.where(u[:, :k] < theta, torch.from_numpy(key1_d).to(device), torch.from_numpy(key2_d).to(device))

@@ -67,6 +67,9 @@ RHO_MAX_ITERATIONS = 100
 """Cap on Brent's steps (typically 5 to 9 are needed)."""
 RHO_SYNC_EVERY = 4
 """Off the CPU, convergence is checked (a device sync) every this many steps."""
+DROP_FRACTION = 0.25
+"""On the CPU, rows that ``search``'s ``stop`` reports done are dropped once they are at least this
+fraction of the rows searched (each drop copies the remaining rows of ``p, q``)."""
 BETA_FORM_BELOW = 0.5
 r"""Rows with :math:`\beta(1)` below this are searched on :math:`p_{acc}(\beta) - \rho\beta`, the others on the excess form."""
 
@@ -303,9 +306,16 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
     """rho* of float64 normalised rows ``p, q [batch, V]`` (see the module docstring).
 
     ``stop(lo, hi)``, optional (CPU only: it synchronises), is shown before every
-    step a bracket of the rho this search would return, per row (floats or numpy
-    arrays): ``lo <= rho <= hi``. When it returns True the search ends and returns
-    None (K-SEQ stops once every row's first acceptance is settled).
+    step a bracket of the rho this search would return, per row still searched (floats or
+    numpy arrays): ``lo <= rho <= hi``. It returns which of these rows need no more search
+    (a bool, or a bool array over the rows shown). When every row is done the search ends
+    and returns None (K-SEQ stops once every row's first acceptance is settled). When at
+    least :data:`DROP_FRACTION` of the rows are done (several rows on the CPU), they are
+    dropped: the search goes on over the others' rows of ``p, q`` only, calls
+    ``stop.keep(mask)`` with the rows kept (a bool array over the rows last shown), and
+    returns :class:`Rho` of the rows it kept, in order. Every other row's steps are the ones
+    it takes in the full batch (each row's search is its own; a converged row re-evaluates
+    its point), so its result is the same.
     """
     batch, device = p.shape[0], p.device
     xp = _backend(p)
@@ -351,12 +361,24 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
                 break
             if stop is not None:
                 # the root lies between the end with g > 0 and the end with g <= 0; the result will be
-                # the smallest point with g <= 0 seen, times (1 + SAFETY), capped at k
-                lo = xp.where(fcur > 0, xcur, xblk)
+                # the smallest point with g <= 0 seen, times (1 + SAFETY), capped at k. Where g(xcur) = 0
+                # the row has converged on xcur and both ends may have g <= 0: the result lies between
+                # the smallest of the points held and xcur (1 + SAFETY)
+                lo = xp.where(fcur > 0, xcur, xp.where(fcur == 0, xp.minimum(xcur, xp.minimum(xpre, xblk)), xblk))
                 hi = xp.minimum(xp.where(fcur > 0, xblk, xcur) * (1.0 + SAFETY), float(k))
                 fixed_rho = xp.where(at_one, 1.0, float(k))
-                if stop(xp.where(fixed, fixed_rho, lo), xp.where(fixed, fixed_rho, hi)):
+                done = stop(xp.where(fixed, fixed_rho, lo), xp.where(fixed, fixed_rho, hi))
+                if xp.all(done):
                     return None
+                if isinstance(xp, _Numpy) and np.count_nonzero(done) >= DROP_FRACTION * done.size:
+                    keep = ~done  # drop the rows that are done: the others' state, sums and rows of p, q
+                    stop.keep(keep)
+                    (xpre, xcur, xblk, fpre, fcur, fblk, spre, scur, fixed, at_one, at_top, small, converged) = (
+                        a[keep] for a in (xpre, xcur, xblk, fpre, fcur, fblk, spre, scur, fixed, at_one, at_top, small, converged))
+                    rows = torch.from_numpy(np.flatnonzero(keep))
+                    sums = Sums(sums.p.index_select(0, rows), sums.q.index_select(0, rows))
+                    xp = _Numpy(int(keep.sum()))
+                    delta, sbis = delta[keep], sbis[keep]
             secant = xp.div(-fcur * (xcur - xpre), fcur - fpre)
             dpre, dblk = xp.div(fpre - fcur, xpre - xcur), xp.div(fblk - fcur, xblk - xcur)
             inverse_quadratic = xp.div(-fcur * (fblk * dblk - fpre * dpre), dblk * dpre * (fblk - fpre))

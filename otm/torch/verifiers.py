@@ -148,34 +148,53 @@ def rho_star(
 
 
 class _FirstAcceptance:
-    """Is every row's K-SEQ outcome an acceptance already settled by a bracket ``lo <= rho <= hi``?
+    """Which rows' K-SEQ outcome is an acceptance already settled by a bracket ``lo <= rho <= hi``?
 
     The accept test ``u * (rho * q(x)) < p(x)`` is monotone in rho in floating point too
     (rounding is monotone): it passes for every rho <= hi if it passes at hi, and fails for
     every rho >= lo if it fails at lo. A row is settled when its first draft not failing at
     ``lo`` passes at ``hi``; ``lo``, ``hi`` are widened by 1e-12 (relative) for the rounding
     of the search. Rows where every draft might be rejected need rho* itself (the residual).
+    ``index`` holds the settled rows' draft indices (``NOT_ACCEPTED`` for the others) once every
+    row is settled or some have been dropped; ``active`` lists the rows the search still runs on
+    (None: all; :func:`otm.torch._rho.search` drops settled rows through :meth:`keep`).
     """
 
     MARGIN = 1e-12
 
     def __init__(self, p, q, d, u, k):
-        self.num = p.gather(1, d).to(DECISION_DTYPE).numpy()  # [batch, k], as accept_test sees them
-        self.q = q.gather(1, d).to(DECISION_DTYPE).numpy()  # [batch, k]
-        self.u = u[:, :k].numpy()  # [batch, k]
-        self.index = None
+        self.num = p.gather(1, d).to(DECISION_DTYPE).numpy()  # [active, k], as accept_test sees them
+        self.q = q.gather(1, d).to(DECISION_DTYPE).numpy()  # [active, k]
+        self.u = u[:, :k].numpy()  # [active, k]
+        self.index = None  # [batch], once known
+        self.active = None  # rows (of the batch) still searched; None: all
+        self._first = None  # [active]: the first draft not rejected at the last bracket shown
 
-    def __call__(self, lo, hi) -> bool:
+    def __call__(self, lo, hi):
         lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))[:, None] * (1.0 - self.MARGIN)
         hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))[:, None] * (1.0 + self.MARGIN)
-        might_pass = self.u * (lo * self.q) < self.num  # [batch, k]: not rejected at every rho in the bracket
-        first = might_pass.argmax(1)  # [batch]
+        might_pass = self.u * (lo * self.q) < self.num  # [active, k]: not rejected at every rho in the bracket
+        first = might_pass.argmax(1)  # [active]
         rows = np.arange(first.size)
         settled = might_pass[rows, first] & (self.u * (hi * self.q) < self.num)[rows, first]
         if settled.all():
-            self.index = first
-            return True
-        return False
+            if self.active is None:
+                self.index = first
+            else:
+                self.index[self.active] = first
+        else:
+            self._first = first
+        return settled
+
+    def keep(self, mask):
+        """The search goes on with the active rows where ``mask`` is True only (the others were
+        settled at the last bracket shown)."""
+        if self.active is None:
+            self.active = np.arange(mask.size)
+            self.index = np.full(mask.size, NOT_ACCEPTED, dtype=np.int64)
+        done = ~mask
+        self.index[self.active[done]] = self._first[done]
+        self.num, self.q, self.u, self.active = self.num[mask], self.q[mask], self.u[mask], self.active[mask]
 
 
 def kseq(
@@ -195,11 +214,12 @@ def kseq(
     tokens with :math:`p < \rho q` (where it is ~1e-14 p at :math:`\rho^*(1 + \mathrm{SAFETY})`).
 
     On the CPU, where synchronising costs nothing, the search for :math:`\rho^*`
-    stops as soon as its bracket settles every row's outcome as an acceptance (the
-    accept test is monotone in :math:`\rho`): same tokens and indices as with
-    :math:`\rho^*` to full precision, without the last search steps and without the
-    residual. Elsewhere the full search runs, with no synchronisation but one every
-    few steps.
+    stops for a row as soon as its bracket settles the row's outcome as an acceptance
+    (the accept test is monotone in :math:`\rho`; settled rows leave the search once they
+    are a quarter of those searched, :data:`otm.torch._rho.DROP_FRACTION`), and the
+    residual is built only for the rows that reject every draft: same tokens and indices
+    as with :math:`\rho^*` to full precision. Elsewhere the full search runs, with no
+    synchronisation but one every few steps.
 
     Parameters
     ----------
@@ -214,24 +234,48 @@ def kseq(
     p, q, d, u = _prepare(target, draft, drafts, uniforms, generator, compute_dtype, validate)
     k = d.shape[1]
     p64, q64 = p.to(DECISION_DTYPE), q.to(DECISION_DTYPE)  # [batch, V] (no copy when float64)
+    settle = None
     if rho is None:
-        # on the CPU (no device to synchronise with) the search stops as soon as a bracket of rho*
-        # settles every row's first acceptance: the same outcome, without the last steps and the residual
+        # on the CPU (no device to synchronise with) the search stops for a row as soon as a bracket of
+        # rho* settles its first acceptance: the same outcome, without the last steps and the residual
         settle = _FirstAcceptance(p, q, d, u, k) if p.device.type == "cpu" else None
         found = _rho.search(p64, q64, k, stop=settle)
         if found is None:
             index = torch.from_numpy(settle.index).to(d.device)  # [batch]
             return Verified(d.gather(1, index.unsqueeze(1)).squeeze(1), index)
-        rho, beta, c, eps = found  # [batch] each
+        rho, beta, c, eps = found  # [rows searched to the end] each
     else:
         rho = torch.as_tensor(rho, dtype=DECISION_DTYPE, device=p.device).expand(p.shape[0]).contiguous()
         rho, beta, c, eps = _rho.at(p64, q64, k, rho)
-    accept = accept_test(u[:, :k], _gather(p, d), rho.unsqueeze(1) * _gather(q, d).to(DECISION_DTYPE))  # [batch, k]
-    # residual (p - min(p/rho, q) c)_+ = max(p - c q, p (1 - c/rho), 0), with eps = 1 - c/rho in [0, 1]
-    residual = torch.addcmul(p, q, c.to(p.dtype).unsqueeze(1), value=-1.0)  # [batch, V]: p - c q
-    torch.maximum(residual, p * eps.to(p.dtype).unsqueeze(1), out=residual)  # >= 0 since eps >= 0
-    y = residual_draw(residual, p, u[:, k])  # [batch]
-    return assemble(*first_accepted(accept, d), y)
+    if settle is not None and settle.active is not None:  # some rows settled and dropped on the way
+        active = torch.from_numpy(settle.active)  # [rows searched to the end]
+        p, q, d_a, u_a = p[active], q[active], d[active], u[active]
+    else:
+        active, d_a, u_a = None, d, u
+    accept = accept_test(u_a[:, :k], _gather(p, d_a), rho.unsqueeze(1) * _gather(q, d_a).to(DECISION_DTYPE))  # [rows, k]
+    any_, index, token = first_accepted(accept, d_a)  # [rows] each
+    y = token.clone()
+    if p.device.type == "cpu" and p.shape[0] > 1:  # the residual of the rows that reject every draft only
+        rej = torch.nonzero(~any_).squeeze(1)  # [rejected]
+        p_r, q_r, c_r, eps_r, u_r = p[rej], q[rej], c[rej], eps[rej], u_a[rej, k]
+    else:
+        rej, p_r, q_r, c_r, eps_r, u_r = None, p, q, c, eps, u_a[:, k]
+    if p_r.shape[0]:
+        # residual (p - min(p/rho, q) c)_+ = max(p - c q, p (1 - c/rho), 0), with eps = 1 - c/rho in [0, 1]
+        residual = torch.addcmul(p_r, q_r, c_r.to(p.dtype).unsqueeze(1), value=-1.0)  # [rejected, V]: p - c q
+        torch.maximum(residual, p_r * eps_r.to(p.dtype).unsqueeze(1), out=residual)  # >= 0 since eps >= 0
+        drawn = residual_draw(residual, p_r, u_r)  # [rejected]
+        if rej is None:
+            y = drawn
+        else:
+            y[rej] = drawn
+    out = assemble(any_, index, token, y)
+    if active is None:
+        return out
+    index = torch.from_numpy(settle.index)  # [batch]: the settled rows' draft indices
+    token = d.gather(1, index.clamp(min=0).unsqueeze(1)).squeeze(1)  # [batch]
+    token[active], index[active] = out.token, out.accepted
+    return Verified(token, index)
 
 
 # -- recursive rejection sampling --------------------------------------------------------

@@ -201,19 +201,25 @@ def _split(cA, L, Q, Vt, theta_split, k):
     a_min, a_max = cA - hi, cA - lo
     a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
-    live = np.ones(a.shape, dtype=bool)
+    shape = a.shape
+    a = a.ravel()
+    live = np.arange(a.size)  # the entries still iterating, and their own W, C, a_min, a
+    W, C, a_min = (np.broadcast_to(v, shape).ravel()[live] for v in (W, C, a_min))
+    a_live = a
     with np.errstate(divide="ignore", invalid="ignore"):
         for _ in range(NEWTON_STEPS):
-            b = np.maximum(W - a, 0.0)
-            ak1, bk1 = a ** (k - 1), b ** (k - 1)
-            over = a * ak1 + b * bk1 - C
+            b = np.maximum(W - a_live, 0.0)
+            ak1, bk1 = a_live ** (k - 1), b ** (k - 1)
+            over = a_live * ak1 + b * bk1 - C
             d = k * (ak1 - bk1)
-            step = np.where(live & (over > 0) & (d > 0), over / d, 0.0)
-            a = np.maximum(a - step, a_min)
-            live &= step > tol * a  # an entry stops after its first step below tolerance (its own
-            if not live.any():  # result, whatever else is solved beside it)
+            step = np.where((over > 0) & (d > 0), over / d, 0.0)
+            a_live = np.maximum(a_live - step, a_min)
+            a[live] = a_live
+            go = step > tol * a_live  # an entry stops after its first step below tolerance (its own
+            if not go.any():  # result, whatever else is solved beside it): only the others go on
                 break
-    return cA - a
+            live, a_live, W, C, a_min = live[go], a_live[go], W[go], C[go], a_min[go]
+    return cA - a.reshape(shape)
 
 
 GROUP_BITS = 3
@@ -229,6 +235,28 @@ SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
 
 
+def _descending(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(-values, kind="stable")``: the unstable (vectorised) sort when no two values are
+    equal, which is then the only order; the stable sort when some are (or are nan)."""
+    order = np.argsort(-values)
+    s = values[order]
+    if (s[1:] == s[:-1]).any() or np.isnan(s[-1:]).any():  # nan sorts last
+        order = np.argsort(-values, kind="stable")
+    return order
+
+
+def _tokens_in(gid: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(buckets[gid])``: the tokens whose bucket is marked, ascending (a few buckets:
+    comparisons with each, cheaper than the lookup per token)."""
+    ids = np.flatnonzero(buckets)
+    if ids.size > 3:
+        return np.flatnonzero(buckets[gid])
+    mask = gid == ids[0] if ids.size else np.zeros(gid.size, dtype=bool)
+    for b in ids[1:]:
+        mask |= gid == b
+    return np.flatnonzero(mask)
+
+
 def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
 
@@ -242,7 +270,8 @@ def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
     lo_code = (1023 - RATIO_RANGE) << bits
     hi_code = (1023 + RATIO_RANGE) << bits
     with np.errstate(divide="ignore", invalid="ignore"):
-        code = (p / q).view(np.int64) >> shift  # +inf and nan above hi_code, 0 below lo_code
+        code = np.divide(p, q).view(np.int64)
+    np.right_shift(code, shift, out=code)  # +inf and nan above hi_code, 0 below lo_code
     np.clip(code, lo_code, hi_code, out=code)
     gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
     codes = hi_code - np.arange(hi_code - lo_code + 1)
@@ -254,6 +283,29 @@ def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
 
 
 @dataclass(frozen=True)
+class Scaled:
+    """A law kept as ``raw / total``, evaluated in float64 where asked.
+
+    ``raw`` as given (float32 or float64), ``total`` the float64 sum it is divided by (1.0 for a
+    law already normalised in float64, whose values are then ``raw`` itself): a rule keeps its
+    laws this way, so that a caller holding the raw rows needs no normalised copy of the whole
+    vocabulary beside each row's rule (only the k drafted tokens, and the rows that reject, are
+    ever read again).
+    """
+
+    raw: np.ndarray  # [V]
+    total: float = 1.0
+
+    def at(self, tokens=None) -> np.ndarray:
+        """``raw[tokens] / total`` in float64 (the whole law when ``tokens`` is None)."""
+        if tokens is None:
+            if self.total == 1.0 and self.raw.dtype == np.float64:
+                return self.raw
+            return np.divide(self.raw, self.total, dtype=np.float64)
+        return np.divide(self.raw[tokens], self.total, dtype=np.float64)
+
+
+@dataclass(frozen=True)
 class Rule:
     """One position's grouped rule (:func:`rule`), evaluated lazily.
 
@@ -262,8 +314,8 @@ class Rule:
     ``(p - x)_+`` costs O(V) and is needed only after a rejection.
     """
 
-    target: np.ndarray  # [V] normalised target
-    draft: np.ndarray  # [V] normalised draft
+    target_law: Scaled  # the normalised target, evaluated where asked
+    draft_law: Scaled  # the normalised draft
     gid: np.ndarray  # [V] ratio bucket of each token
     base: np.ndarray  # [buckets] group of each whole bucket
     split_tok: np.ndarray  # [m] tokens of split buckets, ascending
@@ -276,6 +328,16 @@ class Rule:
     key2: np.ndarray  # [G] race key in pass 2
     acceptance: float  # sum min(x, target), from the groups
     alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+
+    @property
+    def target(self) -> np.ndarray:
+        """``[V]`` normalised target (O(V) unless the rule was given it normalised)."""
+        return self.target_law.at()
+
+    @property
+    def draft(self) -> np.ndarray:
+        """``[V]`` normalised draft."""
+        return self.draft_law.at()
 
     def groups(self, tokens=None) -> np.ndarray:
         """Group of each token asked (all tokens when ``tokens`` is None)."""
@@ -293,8 +355,7 @@ class Rule:
     def at(self, tokens=None):
         """``(theta, key1, key2, x)`` at the tokens asked (all tokens when None)."""
         g = self.groups(tokens)
-        p = self.target if tokens is None else self.target[tokens]
-        q = self.draft if tokens is None else self.draft[tokens]
+        p, q = self.target_law.at(tokens), self.draft_law.at(tokens)
         theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
         return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
 
@@ -384,19 +445,26 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
-def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
-    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout."""
+def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, laws=None):
+    """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout.
+
+    ``p``, ``q``: the normalised float64 laws, read over the vocabulary once, before the first
+    layout; ``laws``, optional: the same laws as :class:`Scaled` (the same numbers where evaluated),
+    which the rule keeps and reads token by token afterwards instead of ``p``, ``q``.
+    """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
         raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
     gid, lo, hi = _ratio_groups(p, q, bits)
     nb = lo.size
     n_b = np.bincount(gid, minlength=nb)
     P_b = np.bincount(gid, weights=p, minlength=nb)
     Q_b = np.bincount(gid, weights=q, minlength=nb)
+    del p, q  # from here on the laws are read at a few tokens only
     split = np.zeros(nb, dtype=bool)
     nonempty = n_b > 0
-    idx = split_grp = np.zeros(0, dtype=np.int64)
+    idx = split_grp = asc = perm = np.zeros(0, dtype=np.int64)
     # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
     # (these are the groups that straddle): split them from the start, saving a round
     filled = np.flatnonzero(nonempty)
@@ -416,15 +484,16 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
         P_g[base[whole]] = P_b[whole]
         Q_g[base[whole]] = Q_b[whole]
         if split.any():
-            idx = np.flatnonzero(split[gid])
+            asc = _tokens_in(gid, split & nonempty)  # the split tokens, ascending
             with np.errstate(divide="ignore", invalid="ignore"):
-                r_idx = p[idx] / q[idx]
-            idx = idx[np.argsort(-r_idx, kind="stable")]  # buckets are ratio slices: bucket order kept
+                r_idx = pl.at(asc) / ql.at(asc)
+            perm = _descending(r_idx)
+            idx = asc[perm]  # in ratio order; buckets are ratio slices: bucket order kept
             b = gid[idx]
             first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
             split_grp = base[b] + np.arange(idx.size) - first[b]
-            P_g[split_grp] = p[idx]
-            Q_g[split_grp] = q[idx]
+            P_g[split_grp] = pl.at(idx)
+            Q_g[split_grp] = ql.at(idx)
         x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
@@ -465,17 +534,18 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None):
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    order = np.argsort(idx)
-    out = Rule(p, q, gid, base, idx[order], split_grp[order], t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    grp_asc = np.empty_like(split_grp)
+    grp_asc[perm] = split_grp  # the split tokens' groups in ascending token order (split_tok = asc)
+    out = Rule(pl, ql, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
     # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
     acc_g = np.minimum(x_g, P_g)
     left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
     acc = float(acc_g.sum())
     if left.any():
-        tok = np.flatnonzero(left[gid])
+        tok = _tokens_in(gid, left)
         x_t = out.at(tok)[3]
-        acc += float(np.minimum(x_t, p[tok]).sum()) - float(acc_g[base[left]].sum())
+        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[base[left]].sum())
     return dataclasses.replace(out, acceptance=acc)
 
 
@@ -521,7 +591,11 @@ def _layout_rows(Ps, Qs, k: int):
     row = np.repeat(np.arange(n_r.size), n_r)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.lexsort((np.where(p > 0, -ratio, np.inf), row))  # stable: ties keep their index order
+    key = np.where(p > 0, -ratio, np.inf)
+    ordered = key[1:] >= key[:-1]  # the groups arrive in ratio order, as a rule: then the sort is the identity
+    ordered[bounds[1:-1] - 1] = True  # (row boundaries)
+    identity = bool(ordered.all())
+    order = np.arange(N) if identity else np.lexsort((key, row))  # stable: ties keep their index order
     ps, qs = p[order], q[order]
     # comp_lo[j] = 1 - D_{j-1}, comp_hi[j] = 1 - D_j within the row, from the small end
     comp_lo = _row_cumsum(qs[::-1], (N - bounds)[::-1])[::-1]
@@ -555,6 +629,13 @@ def _layout_rows(Ps, Qs, k: int):
             x_s, theta_s, x1_s = _layers(ps, qs, comp_lo, comp_hi, cum_p, lam, starts, sizes, multi_blocks,
                                          row, bounds, x_s, theta_s, k)
     out = []
+    if identity:  # every row already in ratio order: its sorted arrays are its arrays
+        blk_all = block - np.repeat(block[bounds[:-1]], n_r)  # layer within the row
+        for r in range(n_r.size):
+            a, b = bounds[r], bounds[r + 1]
+            V, rank, blk = b - a, np.arange(b - a), blk_all[a:b]
+            out.append((x_s[a:b], theta_s[a:b], (2 * blk) * V + rank, (2 * blk + 1) * V + rank, x1_s[a:b]))
+        return out
     for r in range(n_r.size):
         a, b = bounds[r], bounds[r + 1]
         V = b - a
@@ -775,4 +856,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "Rule", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["Plan", "Rule", "Scaled", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
