@@ -120,6 +120,150 @@ returned minimum is then within TIE of the exact prefix minimum (needed where th
 tie with the minimum, e.g. Q and p both ~0 on a long run of tiny tokens)."""
 
 
+HEAVY_MIN = 1e-2
+"""Tokens with at least this draft mass (at most :data:`MAX_HEAVY` of them) are followed one by one
+by the heavy-token bounds (:func:`heavy_bounds`)."""
+
+MAX_HEAVY = 3
+
+HEAVY_SAMPLES = 64
+"""Prefixes per round at which :func:`heavy_bounds` is evaluated (spread evenly over the candidates)."""
+
+HEAVY_ROUNDS = 4
+"""Most rounds of heavy-token bounds before the direct evaluations start."""
+
+HEAVY_FROM = 2 * WINDOW
+"""The heavy-token bounds are used only when more candidate prefixes than this survive the cheap bounds."""
+
+
+@dataclass
+class Heavy:
+    """What :func:`heavy_bounds` needs, computed once per law (positions are in the ratio order)."""
+
+    pos: np.ndarray  # [m] positions of the heavy tokens A
+    mass: np.ndarray  # [m] their masses
+    r: np.ndarray  # [n + 1] q(H_j minus A), summed from the light tokens only
+    out: np.ndarray  # [n + 1] q(complement of H_j minus A), likewise
+    W: np.ndarray  # [k] W_u = sum of the u largest light masses
+    delta: float  # relative rounding bound of every sum above
+
+
+def heavy_tokens(qp: np.ndarray, k: int) -> Heavy | None:
+    """The heavy tokens of ``qp`` (at most ``min(MAX_HEAVY, k - 1)`` masses >= ``HEAVY_MIN``), or None."""
+    n = qp.size
+    m = min(MAX_HEAVY, k - 1, n)
+    if m <= 0:
+        return None
+    top = np.argpartition(qp, n - m)[n - m :]
+    top = top[qp[top] >= HEAVY_MIN]
+    if top.size == 0:
+        return None
+    top = np.sort(top)
+    light = qp.copy()
+    light[top] = 0.0
+    r = np.zeros(n + 1)
+    np.cumsum(light, out=r[1:])
+    out = np.zeros(n + 1)
+    out[:n] = np.cumsum(light[::-1])[::-1]
+    big = np.sort(np.partition(light, max(n - (k - 1), 0))[max(n - (k - 1), 0) :])[::-1]
+    W = np.zeros(k)
+    W[1 : big.size + 1] = np.cumsum(big)[: k - 1]
+    W[big.size + 1 :] = W[big.size]
+    return Heavy(pos=top, mass=qp[top].copy(), r=r, out=out, W=W, delta=(n + 4 * k + 16) * EPS)
+
+
+def heavy_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Certified bounds ``lo <= Q(H_j) <= hi`` at the prefixes ``js``, following the heavy tokens A exactly.
+
+    Successive sampling is a walk over states (S, u): S the heavy tokens drawn so far, u the
+    number of light (non-A) tokens drawn, every draw so far in H. From (S, u) the next draw is
+    a in (A ∩ H) minus S with probability q_a / (x + y), and a light token of H with probability
+    x / (x + y), where x = q(H minus A) - d, y = q(A minus S) + q(complement minus A), and d the
+    mass of the u light drafts: 0 <= d <= W_u (the u largest light masses) and d <= q(H minus A).
+    Hence, with V(S, u) = 1 when |S| + u = k,
+
+    .. math::
+
+        V(S, u) = rac{lpha + x eta}{x + y},\qquad
+        lpha = \sum_{a \in (A \cap H) \setminus S} q_a V(S + a, u),\quad eta = V(S, u + 1),
+
+    and Q(H) = V(∅, 0). The right side is monotone in x (a Möbius map), so its extremes over
+    the interval of x lie at the ends: taking the larger (smaller) end at every state gives an
+    upper (lower) bound, by induction over the states (the map is non-decreasing in α and β).
+    Without heavy tokens this is exactly (1 - c)^k and prod_i (1 - c/(1 - S_i)) (module
+    docstring, step 1); with a dominant token a (q_a ~ 1) the upper bound becomes about
+    q_a (q(H - a)/(1 - q_a))^{k-1} instead of ~1. Every sum is of non-negative terms; their
+    rounding (``hv.delta`` relative) widens the interval of x and y, and the results are moved
+    by a further 16 k eps.
+    """
+    js = np.asarray(js, dtype=np.int64)
+    m = hv.pos.size
+    dl = hv.delta
+    inH = hv.pos[None, :] < js[:, None]  # [J, m]
+    r = hv.r[js]
+    out = hv.out[js]
+    hi_v: dict = {}
+    lo_v: dict = {}
+    one = np.ones(js.size)
+    full = (1 << m) - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for S in range(full, -1, -1):  # supersets first
+            size = bin(S).count("1")
+            rest_heavy = float(sum(hv.mass[a] for a in range(m) if not S >> a & 1))
+            y = rest_heavy + out
+            y_hi, y_lo = y * (1 - dl), y * (1 + dl)
+            for u in range(k - size, -1, -1):
+                if size + u == k:
+                    hi_v[S, u] = lo_v[S, u] = one
+                    continue
+                a_hi = np.zeros(js.size)
+                a_lo = np.zeros(js.size)
+                for a in range(m):
+                    if not S >> a & 1:
+                        w = hv.mass[a] * inH[:, a]
+                        a_hi += w * hi_v[S | 1 << a, u]
+                        a_lo += w * lo_v[S | 1 << a, u]
+                b_hi, b_lo = hi_v[S, u + 1], lo_v[S, u + 1]
+                Wu = hv.W[u]
+                x_top = r * (1 + dl)
+                x_bot = np.maximum(r - Wu - dl * (r + Wu), 0.0)
+                g1 = (a_hi + x_top * b_hi) / (x_top + y_hi)
+                g2 = (a_hi + x_bot * b_hi) / (x_bot + y_hi)
+                hi = np.fmax(g1, g2)
+                hi_v[S, u] = np.where(np.isnan(hi), 1.0, np.minimum(hi, 1.0))
+                g1 = (a_lo + x_top * b_lo) / (x_top + y_lo)
+                g2 = (a_lo + x_bot * b_lo) / (x_bot + y_lo)
+                lo = np.fmin(g1, g2)
+                lo_v[S, u] = np.where(np.isnan(lo), 0.0, lo)
+    hi = np.minimum(hi_v[0, 0] * (1 + 16 * k * EPS), 1.0)
+    lo = np.maximum(lo_v[0, 0] * (1 - 16 * k * EPS), 0.0)
+    return lo, hi
+
+
+def ek_bound(qH: np.ndarray, k: int, m: int = 4) -> float:
+    r"""An upper bound on the elementary symmetric polynomial :math:`e_k` of the masses ``qH``.
+
+    With A the ``m`` largest masses and r the sum of the others,
+    :math:`e_k(q) = \sum_i e_i(q_A)\, e_{k-i}(q_{\setminus A}) \le \sum_i e_i(q_A)\, r^{k-i}/(k-i)!`
+    (Maclaurin: :math:`e_j \le (\sum)^j / j!`). Sums of non-negative terms only; 1e-9 relative
+    is added for their rounding. Tight for a dominant token (about :math:`r^{k-1}/(k-1)!`), and
+    at most :math:`q(H)^k/k!` otherwise.
+    """
+    n = qH.size
+    m = min(m, n)
+    if m == 0:
+        return 0.0
+    part = np.partition(qH, n - m)
+    top = part[n - m :]
+    r = float(part[: n - m].sum())
+    e = [1.0] + [0.0] * k  # e_i of the top masses
+    for x in top.tolist():
+        for i in range(min(k, m), 0, -1):
+            e[i] += e[i - 1] * x
+    total = sum(e[i] * r ** (k - i) / math.factorial(k - i) for i in range(min(k, m) + 1))
+    return total * (1 + 1e-9)
+
+
 @lru_cache(maxsize=None)
 def series_table(k: int) -> np.ndarray:
     r"""``C[r - 1, n] = r! S(n, r) / n!`` for ``r = 1..k-1``, ``n = 0..N-1``: :math:`(e^x-1)^r = \sum_n C_{r,n} x^n`.
@@ -160,6 +304,7 @@ class Window:
     rounds: int = 0
     explicit: int = 0  # largest number of explicit tokens per node used
     nodes: int = 0  # race grid size G
+    heavy: int = 0  # prefixes at which heavy_bounds was evaluated
 
 
 def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -177,7 +322,7 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
     logq = np.log(q)
     # token x is small (q_x t <= TAU) at nodes g <= gx
     gx = np.floor((math.log(TAU) - logq - y[0]) / h).astype(np.int64)
-    gx = np.minimum(gx, G - 1)
+    gx = np.clip(gx, -1, G - 1)  # -1: large at every node
     pos = np.arange(last)
     seg = np.searchsorted(J, pos, side="right")  # token in H_j for the points j = J[seg:]
     # ---- small tokens: power sums by (point, bucket), scaled per bucket: v = q t_gx <= TAU
@@ -222,7 +367,8 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
         a *= np.exp(-s[1])[None] if N > 1 else 1.0  # e^{-sum x}: sum x = s_1
     # ---- large tokens (q t > TAU at some node): exact product, by decreasing mass over all points
     big = np.flatnonzero(gx < G - 1)
-    big = big[np.argsort(-q[big], kind="stable")]  # gx is non-decreasing along this order
+    # by first large node (non-increasing mass up to ties within a node): a radix sort, G < 2^15
+    big = big[np.argsort(gx[big].astype(np.int16 if G < 2**15 else np.int64), kind="stable")]
     gb = gx[big]
     first_point = np.searchsorted(J, big, side="right")  # the token is in H_j for the points J[i0:]
     # large tokens of H_j at node g (those with gx < g), a 2-D cumulative count
@@ -335,6 +481,8 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
     error = np.zeros(n + 1)
     inside[:k] = 0.0  # fewer than k tokens
     inside[n] = 1.0  # the whole support
+    q_up = np.full(n + 1, np.nan)  # heavy-token upper bounds on Q at some prefixes (NaN elsewhere)
+    heavy_used = False
     with np.errstate(divide="ignore"):
         L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
     part = np.partition(qp, n - (k - 1))
@@ -347,8 +495,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
             log_low = np.log1p(-np.minimum(1.0, c[js, None] / rest[None, :])).sum(axis=1)
         return P[js] - np.expm1(log_low)
 
-    u0 = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* ...
-    U_min = min(u0, float(upper_bounds(np.flatnonzero(L <= u0 + MARGIN)).min(initial=np.inf)))  # ... the least U_j
+    U_min = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* (the least U_j below)
 
     def lower_bounds(js: np.ndarray) -> np.ndarray:
         """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
@@ -357,18 +504,29 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         The masses q(H_j minus H_a) are summed from a within each gap, so their relative rounding is
         at most (b - a) eps however small they are next to q(H_a); that bound is taken off the chord.
         """
-        ev = np.flatnonzero(~np.isnan(inside))
+        lb = np.maximum(L[js], P[js] + 1 - chords(inside, js))
+        if heavy_used:  # chords between upper bounds too: exact values, else heavy-token bounds
+            lb = np.maximum(lb, P[js] + 1 - chords(np.where(np.isnan(inside), q_up, inside), js))
+        return lb
+
+    def chords(vals: np.ndarray, js: np.ndarray) -> np.ndarray:
+        """Upper bound on Q(H_j) from the chord between the prefixes around j where ``vals`` (upper
+        bounds on Q, or Q itself) is known."""
+        if js.size == 0:
+            return np.empty(0)
+        ev = np.flatnonzero(~np.isnan(vals))
         i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
         a, b = ev[i - 1], ev[i]
         chord = np.empty(js.size)
-        for ga in np.unique(a):
-            sel = a == ga
-            gb = int(b[sel][0])
+        cut = np.flatnonzero(np.diff(a)) + 1  # js is sorted: the gaps are runs of equal a
+        for lo_, hi_ in zip(np.concatenate([[0], cut]), np.concatenate([cut, [js.size]])):
+            sel = slice(int(lo_), int(hi_))
+            ga, gb = int(a[lo_]), int(b[lo_])
             local = np.cumsum(qp[ga:gb])  # local[j - a - 1] = q(H_j) - q(H_a)
             frac = local[js[sel] - ga - 1] / local[-1]
-            rise = inside[gb] - inside[ga]
-            chord[sel] = inside[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
-        return np.maximum(L[js], P[js] + 1 - chord)
+            rise = vals[gb] - vals[ga]
+            chord[sel] = vals[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
+        return chord
 
     known = ~np.isnan(inside)
     attained = float(np.min(P[known] + 1 - inside[known]))  # the least value of a computed prefix
@@ -381,10 +539,29 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         return (lb <= best + MARGIN) & (lb < attained - TIE)
 
     cand = np.flatnonzero(~known & open_(L))
+    hv = heavy_tokens(qp, k) if cand.size > HEAVY_FROM else None
+    for _ in range(HEAVY_ROUNDS if hv is not None else 0):
+        # heavy-token bounds at prefixes spread over the candidates: their lower bounds on Q lower
+        # the best value, their upper bounds on Q are chord end points (Q is convex in the mass)
+        js = np.unique(cand[np.linspace(0, cand.size - 1, HEAVY_SAMPLES).round().astype(np.int64)])
+        q_lo, q_hi = heavy_bounds(hv, k, js)
+        q_up[js] = np.fmin(q_up[js], q_hi)
+        heavy_used = True
+        U_min = min(U_min, float(np.min(P[js] + 1 - q_lo)))
+        best = min(U_min, attained)
+        info.heavy += js.size
+        before = cand.size
+        cand = cand[open_(lower_bounds(cand))]
+        if cand.size <= HEAVY_FROM or cand.size > 0.5 * before:
+            break
+    U_min = min(U_min, float(upper_bounds(cand).min(initial=np.inf)))  # the least U_j (the others have L_j above)
+    best = min(U_min, attained)
     cand = cand[open_(lower_bounds(cand))]
     if cand.size == 0:
         return inside, error, info
-    y = grid(float(c[cand.max()]))
+    # every prefix evaluated below lies in [cand.min() - 1, cand.max()] (split's left ends): its
+    # complement mass is at least c[cand.max()] (upper cut) and c e_k(q_H) at most the bound (lower cut)
+    y = grid(float(c[cand.max()]), float(c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k))
     if y[-1] > 700.0:
         return None
     t = np.exp(y)
