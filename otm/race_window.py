@@ -20,6 +20,16 @@ draws its (i+1)-th token inside :math:`H` with conditional probability
 giving :math:`L_j \le \alpha^*(j) = P_j + 1 - Q(H_j) \le U_j`. A prefix with
 :math:`L_j > \min_i U_i` cannot be the minimiser.
 
+**1b. Heavy-token bounds** (:func:`heavy_bounds`). The upper bound :math:`(1 - c)^k` ignores
+that a drafted heavy token leaves less mass to draw from: with one draft token of mass ~1 and
+the rest ~1e-14 it is ~1 at every prefix while Q is ~(q(H - a)/(1 - q_a))^{k-1}, so no prefix
+was excluded and 30-40 were evaluated directly on a grid of ~300 nodes. Following the (at most 3)
+heavy tokens one by one -- a walk over (heavy tokens drafted, number of light drafts), the light
+drafted mass only known to lie in [0, W_u] -- gives certified bounds on both sides, computed at
+:data:`HEAVY_SAMPLES` prefixes spread over the candidates (when more than :data:`HEAVY_FROM`
+survive step 1). Their lower bounds on Q lower the best value; their upper bounds are chord end
+points (step 2), so one round usually leaves a few hundred candidates around the minimiser.
+
 **2. Chords.** :math:`Q(H_j)` is non-decreasing in j (the sets are nested) and, by the
 exchange inequality (E) of :mod:`otm.optimum`, *convex in the draft mass*
 :math:`m_j = q(H_j)`: the slope :math:`(Q(H_j) - Q(H_{j-1}))/q_{x_j}` never decreases
@@ -70,7 +80,10 @@ caller (:func:`otm.optimum.optimal_acceptance_of`) refuses a check above
 Every value is a trapezoid sum on the reference's grid (:func:`otm.optimum.race_grid`,
 cut at :math:`45 / c` for the smallest complement mass c among the candidate prefixes,
 not among all prefixes, so G is ~100-130 instead of the reference's 250-2000 nodes),
-with the same error estimate :math:`|T_h - T_{2h}|` and the same step refinement.
+with the same error estimate :math:`|T_h - T_{2h}|` and the same step refinement. Its lower
+cut rises where :math:`c\, e_k(q_H)` is small (:func:`ek_bound`; the part cut off stays below
+1e-17): a dominant token among tiny masses starts the grid at t ~ 1e7 instead of 0.06 (G ~110-150
+instead of ~300).
 
 What is proved and what is measured: the bounds of steps 1-2 and the truncations of
 step 3 are rigorous (up to float rounding, bounded in place); the quadrature error is
@@ -126,6 +139,11 @@ by the heavy-token bounds (:func:`heavy_bounds`)."""
 
 MAX_HEAVY = 3
 
+HEAVY_TOTAL = 0.5
+"""The heavy tokens are used only when they hold at least this much mass together: the bounds then
+differ from those of step 1 by factors up to 1 / (1 - q(A)) in the complement terms; below, the
+rounds cost more than they save (peaked laws with a top mass of 0.1)."""
+
 HEAVY_SAMPLES = 64
 """Prefixes per round at which :func:`heavy_bounds` is evaluated (spread evenly over the candidates)."""
 
@@ -149,14 +167,15 @@ class Heavy:
 
 
 def heavy_tokens(qp: np.ndarray, k: int) -> Heavy | None:
-    """The heavy tokens of ``qp`` (at most ``min(MAX_HEAVY, k - 1)`` masses >= ``HEAVY_MIN``), or None."""
+    """The heavy tokens of ``qp`` (at most ``min(MAX_HEAVY, k - 1)`` masses >= ``HEAVY_MIN``), or None
+    when there are none or they hold less than ``HEAVY_TOTAL`` together."""
     n = qp.size
     m = min(MAX_HEAVY, k - 1, n)
     if m <= 0:
         return None
     top = np.argpartition(qp, n - m)[n - m :]
     top = top[qp[top] >= HEAVY_MIN]
-    if top.size == 0:
+    if top.size == 0 or float(qp[top].sum()) < HEAVY_TOTAL:
         return None
     top = np.sort(top)
     light = qp.copy()
@@ -184,8 +203,8 @@ def heavy_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndar
 
     .. math::
 
-        V(S, u) = rac{lpha + x eta}{x + y},\qquad
-        lpha = \sum_{a \in (A \cap H) \setminus S} q_a V(S + a, u),\quad eta = V(S, u + 1),
+        V(S, u) = \frac{\alpha + x \beta}{x + y},\qquad
+        \alpha = \sum_{a \in (A \cap H) \setminus S} q_a V(S + a, u),\quad \beta = V(S, u + 1),
 
     and Q(H) = V(∅, 0). The right side is monotone in x (a Möbius map), so its extremes over
     the interval of x lie at the ends: taking the larger (smaller) end at every state gives an
@@ -194,53 +213,47 @@ def heavy_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndar
     docstring, step 1); with a dominant token a (q_a ~ 1) the upper bound becomes about
     q_a (q(H - a)/(1 - q_a))^{k-1} instead of ~1. Every sum is of non-negative terms; their
     rounding (``hv.delta`` relative) widens the interval of x and y, and the results are moved
-    by a further 16 k eps.
+    by a further 16 k eps. Upper and lower bounds are carried together as rows 0 and 1 of
+    arrays of shape (2, len(js)).
     """
     js = np.asarray(js, dtype=np.int64)
     m = hv.pos.size
     dl = hv.delta
-    inH = hv.pos[None, :] < js[:, None]  # [J, m]
+    inH = (hv.pos[:, None] < js[None, :]) * hv.mass[:, None]  # [m, J]: q_a where a is in H_j
     r = hv.r[js]
     out = hv.out[js]
-    hi_v: dict = {}
-    lo_v: dict = {}
-    one = np.ones(js.size)
+    widen = np.array([[1 - dl], [1 + dl]])  # y: smaller for the upper bound, larger for the lower
+    x_top = r * (1 + dl)
+    x_bot = [np.maximum(r - W - dl * (r + W), 0.0) for W in hv.W]  # per u
+    V: dict = {}
+    one = np.ones((2, js.size))
     full = (1 << m) - 1
     with np.errstate(divide="ignore", invalid="ignore"):
         for S in range(full, -1, -1):  # supersets first
             size = bin(S).count("1")
-            rest_heavy = float(sum(hv.mass[a] for a in range(m) if not S >> a & 1))
-            y = rest_heavy + out
-            y_hi, y_lo = y * (1 - dl), y * (1 + dl)
+            free = [a for a in range(m) if not S >> a & 1]
+            y = (float(sum(hv.mass[a] for a in free)) + out) * widen  # [2, J]
+            den_top = x_top + y
             for u in range(k - size, -1, -1):
                 if size + u == k:
-                    hi_v[S, u] = lo_v[S, u] = one
+                    V[S, u] = one
                     continue
-                a_hi = np.zeros(js.size)
-                a_lo = np.zeros(js.size)
-                for a in range(m):
-                    if not S >> a & 1:
-                        w = hv.mass[a] * inH[:, a]
-                        a_hi += w * hi_v[S | 1 << a, u]
-                        a_lo += w * lo_v[S | 1 << a, u]
-                b_hi, b_lo = hi_v[S, u + 1], lo_v[S, u + 1]
-                Wu = hv.W[u]
-                x_top = r * (1 + dl)
-                x_bot = np.maximum(r - Wu - dl * (r + Wu), 0.0)
-                g1 = (a_hi + x_top * b_hi) / (x_top + y_hi)
-                g2 = (a_hi + x_bot * b_hi) / (x_bot + y_hi)
-                hi = np.fmax(g1, g2)
-                hi_v[S, u] = np.where(np.isnan(hi), 1.0, np.minimum(hi, 1.0))
-                g1 = (a_lo + x_top * b_lo) / (x_top + y_lo)
-                g2 = (a_lo + x_bot * b_lo) / (x_bot + y_lo)
-                lo = np.fmin(g1, g2)
-                lo_v[S, u] = np.where(np.isnan(lo), 0.0, lo)
-    hi = np.minimum(hi_v[0, 0] * (1 + 16 * k * EPS), 1.0)
-    lo = np.maximum(lo_v[0, 0] * (1 - 16 * k * EPS), 0.0)
+                alpha = np.zeros((2, js.size))
+                for a in free:
+                    alpha += inH[a] * V[S | 1 << a, u]
+                beta = V[S, u + 1]
+                g1 = (alpha + x_top * beta) / den_top
+                g2 = (alpha + x_bot[u] * beta) / (x_bot[u] + y)
+                v = np.stack([np.fmax(g1[0], g2[0]), np.fmin(g1[1], g2[1])])
+                v[np.isnan(v)] = 0.0
+                v[0, np.isnan(g1[0]) & np.isnan(g2[0])] = 1.0  # no mass left: impossible state, 1 is safe
+                V[S, u] = v
+    hi = np.minimum(V[0, 0][0] * (1 + 16 * k * EPS), 1.0)
+    lo = np.maximum(V[0, 0][1] * (1 - 16 * k * EPS), 0.0)
     return lo, hi
 
 
-def ek_bound(qH: np.ndarray, k: int, m: int = 4) -> float:
+def ek_bound(qH: np.ndarray, k: int, m: int | None = None) -> float:
     r"""An upper bound on the elementary symmetric polynomial :math:`e_k` of the masses ``qH``.
 
     With A the ``m`` largest masses and r the sum of the others,
@@ -250,7 +263,7 @@ def ek_bound(qH: np.ndarray, k: int, m: int = 4) -> float:
     at most :math:`q(H)^k/k!` otherwise.
     """
     n = qH.size
-    m = min(m, n)
+    m = min(k if m is None else m, n)  # default: the k largest masses
     if m == 0:
         return 0.0
     part = np.partition(qH, n - m)
@@ -588,6 +601,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
 
     scans: list[tuple[int, int]] = []
     evaluate([max(j, 0) for j in split(int(cand.min()), int(cand.max()))])
+    heavy_used = False  # from here on the exact values' chords are the ones that matter (and cost less)
     while True:
         info.rounds += 1
         done = ~np.isnan(inside)
