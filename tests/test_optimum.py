@@ -609,6 +609,59 @@ def test_heavy_bounds_bound_q_at_every_prefix(draft, k, rnd):
         assert lo[j] <= Q * (1 + 1e-12) and Q <= hi[j] * (1 + 1e-12) + 1e-300, (j, lo[j], Q, hi[j])
 
 
+@st.composite
+def equal_heavy_law(draw):
+    """V = 4..8: two to V - 1 heavy tokens of (nearly) equal mass among light masses down to 1e-12."""
+    V = draw(st.integers(4, 8))
+    nh = draw(st.integers(2, V - 1))
+    light = np.array(draw(st.lists(st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3, 0.02]), min_size=V, max_size=V)))
+    light[:nh] = np.array(draw(st.lists(st.floats(0.8, 1.25), min_size=nh, max_size=nh)))
+    q = light[list(draw(st.permutations(range(V))))]
+    return q / q.sum()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(equal_heavy_law(), heavy_law()), st.integers(2, 6), st.randoms(use_true_random=False),
+       st.floats(0.0, 0.3))
+def test_heavy_count_bounds_bound_q_at_every_prefix(draft, k, rnd, threshold):
+    # the count-only walk (any set of heavy tokens: every mass >= threshold) brackets Q(H_j)
+    import otm.race_window as rw
+
+    assume(np.count_nonzero(draft) >= k)
+    positive = [x for x in range(draft.size) if draft[x] > 0]
+    order = np.array(rnd.sample(positive, len(positive)))
+    qp = draft[order]
+    top = np.flatnonzero(qp >= threshold)
+    assume(top.size > 0)
+    lo, hi = rw.heavy_count_bounds(rw._heavy_set(qp, k, top), k, np.arange(qp.size + 1))
+    scheme = WithoutReplacement(draft, k)
+    for j in range(qp.size + 1):
+        H = np.zeros(draft.size, dtype=bool)
+        H[order[:j]] = True
+        Q = q_inside(scheme, H)
+        assert lo[j] <= Q * (1 + 1e-12) and Q <= hi[j] * (1 + 1e-12) + 1e-300, (j, lo[j], Q, hi[j])
+
+
+def test_heavy_count_bounds_are_tight_for_equal_heavy_tokens():
+    # four tokens of 0.25 among 1e-9 masses: following subsets of 3 heavy tokens leaves the fourth
+    # in the light interval (loose); counting the heavy drafts is exact for equal masses, and the
+    # bounds lie within 5% of the reference Q once H holds all four and hundreds of light tokens
+    import otm.race_window as rw
+
+    rng = np.random.default_rng(4)
+    V, k = 2000, 6
+    draft = np.full(V, 1e-9) * rng.uniform(0.5, 2, V)
+    draft[[3, 50, 400, 900]] = 0.25
+    draft /= draft.sum()
+    Q = prefix_membership(draft, k, np.arange(V)).inside
+    js = np.arange(1000, V, 50)
+    lo, hi = rw.heavy_count_bounds(rw._heavy_set(draft, k, np.array([3, 50, 400, 900])), k, js)
+    assert np.all(lo <= Q[js] * (1 + 1e-12)) and np.all(Q[js] <= hi * (1 + 1e-12))
+    assert np.all(hi <= 1.05 * Q[js]) and np.all(lo >= 0.95 * Q[js])
+    kinds = [kind for kind, _ in rw.heavy_sets(draft, k)]
+    assert kinds == ["subset", "count"]
+
+
 def test_heavy_bounds_are_tight_for_a_dominant_token():
     # one draft token near 1, the rest ~1e-9: the plain bound (1 - c)^k is ~1 at every prefix, the
     # heavy-token upper bound follows Q(H) (reference race quadrature) within 5% once H holds
@@ -675,7 +728,7 @@ def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
     target, draft = laws
     assume(np.count_nonzero(draft) >= k)
     scheme = WithoutReplacement(draft, k)
-    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN=0.0, HEAVY_TOTAL=0.0):
+    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN=0.0, HEAVY_MIN_MANY=0.0, HEAVY_TOTAL=0.0):
         opt = optimal_acceptance_of(scheme, target, method="window")
     assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
 
@@ -690,7 +743,7 @@ def test_window_with_heavy_bounds_forced_matches_reference(laws, k):
     target, draft = laws
     assume(np.count_nonzero(draft) >= k)
     scheme = WithoutReplacement(draft, k)
-    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_TOTAL=0.0):
+    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN_MANY=0.01, HEAVY_TOTAL=0.0):
         fast = optimal_acceptance_of(scheme, target, method="window")
     ref = optimal_acceptance_of(scheme, target, method="reference")
     assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
@@ -705,7 +758,7 @@ def dominant_law(rng, V: int, scale: float, n_heavy: int = 1):
     return rng.dirichlet(np.full(V, 0.2)), draft / draft.sum()
 
 
-@pytest.mark.parametrize("case", ["dominant1e-14", "dominant1e-14-flat-target", "two-dominant1e-14"])
+@pytest.mark.parametrize("case", ["dominant1e-14", "dominant1e-14-flat-target", "two-dominant1e-14", "four-heavy1e-14"])
 def test_slowest_case_class_matches_reference_at_V49152(case):
     # the case class that was slowest (one dominant draft token, the rest ~1e-14, k = 8: 38 prefixes
     # evaluated directly on G = 287 nodes; a flat target: 395 ms): same value as the reference scan
@@ -713,6 +766,10 @@ def test_slowest_case_class_matches_reference_at_V49152(case):
     V, k = 49152, 8
     if case == "two-dominant1e-14":
         target, draft = dominant_law(rng, V, 1e-14, 2)
+    elif case == "four-heavy1e-14":  # more heavy tokens than the subset bounds follow
+        draft = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+        draft[rng.choice(V, 4, replace=False)] = 0.25
+        target, draft = rng.dirichlet(np.full(V, 0.2)), draft / draft.sum()
     else:
         target, draft = dominant_law(rng, V, 1e-14)
         if case == "dominant1e-14-flat-target":
