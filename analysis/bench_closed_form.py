@@ -34,6 +34,10 @@ two-dominant1e-14
 draft-squared
     a Dirichlet(0.05) draft and ``target`` proportional to ``draft**2`` (thousands of prefixes tied
     with alpha* = 1 at k = 8).
+four-heavy1e-14
+    four draft tokens of mass 0.25 and every other mass ``1e-14 * U(0.1, 10)``; target
+    Dirichlet(0.2): more heavy tokens than the heavy-token bounds follow (3), the slowest class
+    left after them.
 
 After the table, the slowest case of the default method (largest median CPU time) is named.
 
@@ -112,6 +116,9 @@ def make_laws(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     laws["two-dominant1e-14"] = (rng.dirichlet(np.full(V, 0.2)), two / two.sum())
     draft = rng.dirichlet(np.full(V, 0.05))
     laws["draft-squared"] = (draft**2 / np.sum(draft**2), draft)
+    four = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+    four[rng.choice(V, 4, replace=False)] = 0.25
+    laws["four-heavy1e-14"] = (rng.dirichlet(np.full(V, 0.2)), four / four.sum())
     return laws
 
 
@@ -339,7 +346,8 @@ def main() -> None:
     ap.add_argument("--accuracy", action="store_true", help="also run the accuracy checks (about three minutes)")
     ap.add_argument(
         "--laws",
-        default="peaked,dirichlet,dirichlet0.05,dominant1e-14,dominant1e-14-flat,two-dominant1e-14,draft-squared",
+        default="peaked,dirichlet,dirichlet0.05,dominant1e-14,dominant1e-14-flat,two-dominant1e-14,draft-squared,"
+        "four-heavy1e-14",
         help="comma-separated subset of the laws",
     )
     ap.add_argument("--ks", default=",".join(map(str, KS)), help="comma-separated k values for the timing")
