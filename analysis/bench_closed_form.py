@@ -3,7 +3,8 @@
 Timing. For each law and k in (2, 4, 8), ``optimal_acceptance_of(make_scheme(...), target)``
 is called once to warm up, then ``--repeats`` rounds call every (law, scheme, k, method)
 case once each (interleaved, so a slow spell of the shared machine hits all
-cases alike); the table gives the median and range of the wall times, the value
+cases alike); the table gives the median and range of the wall times, the median CPU time
+(``time.process_time``, less sensitive to other jobs on a shared machine), the value
 alpha*, the size of the minimising prefix, the method, how many of the V + 1 prefixes
 had Q computed, the race grid size G and the quadrature error estimate
 ``|T_h - T_2h|`` (the error of the *coarser* rule). Without replacement with k >= 3 is
@@ -22,6 +23,23 @@ dirichlet
 dirichlet0.05
     ``target``, ``draft`` independent Dirichlet(0.05) draws (sparse: draft masses from 1.2e-98
     to 3.2e-3 at seed 0, 11666 of them above 1e-6).
+dominant1e-14
+    the slowest case class met for the window method: one dominant draft token (mass 1 - 2.5e-10)
+    and every other draft mass ``1e-14 * U(0.1, 10)``; target Dirichlet(0.2).
+dominant1e-14-flat
+    the same draft with a Dirichlet(1) target (the minimiser then lies near the end of the
+    order, at complement masses ~1e-12).
+two-dominant1e-14
+    two heavy draft tokens (0.6, 0.4) and every other mass ``1e-14 * U(0.1, 10)``; target Dirichlet(0.2).
+draft-squared
+    a Dirichlet(0.05) draft and ``target`` proportional to ``draft**2`` (thousands of prefixes tied
+    with alpha* = 1 at k = 8).
+four-heavy1e-14
+    four draft tokens of mass 0.25 and every other mass ``1e-14 * U(0.1, 10)``; target
+    Dirichlet(0.2): more heavy tokens than the heavy-token bounds follow (3), the slowest class
+    left after them.
+
+After the table, the slowest case of the default method (largest median CPU time) is named.
 
 Accuracy (``--accuracy``), on the same laws, without_replacement:
 
@@ -40,7 +58,8 @@ Accuracy (``--accuracy``), on the same laws, without_replacement:
   skipped lies above alpha* in the reference.
 
 Usage: ``.venv/bin/python analysis/bench_closed_form.py [--repeats 5] [--seed 0] [--accuracy]``
-(``--laws peaked,dirichlet`` to pick laws).
+(``--laws peaked,dirichlet`` to pick laws, ``--ks 8`` to pick k, ``--no-reference`` to skip the
+slow reference scans in the timing).
 """
 
 from __future__ import annotations
@@ -85,7 +104,22 @@ def make_laws(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     peaked = (softmax(3 * z), softmax(3 * (0.9 * z + math.sqrt(0.19) * e)))
     dirichlet = (rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V)))
     sparse = (rng.dirichlet(np.full(V, 0.05)), rng.dirichlet(np.full(V, 0.05)))
-    return {"peaked": peaked, "dirichlet": dirichlet, "dirichlet0.05": sparse}
+    laws = {"peaked": peaked, "dirichlet": dirichlet, "dirichlet0.05": sparse}
+    # the slowest case classes met by the window method: tiny masses beside heavy draft tokens
+    dominant = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+    dominant[rng.integers(V)] = 1.0
+    dominant /= dominant.sum()
+    laws["dominant1e-14"] = (rng.dirichlet(np.full(V, 0.2)), dominant)
+    laws["dominant1e-14-flat"] = (rng.dirichlet(np.ones(V)), dominant)
+    two = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+    two[rng.choice(V, 2, replace=False)] = [0.6, 0.4]
+    laws["two-dominant1e-14"] = (rng.dirichlet(np.full(V, 0.2)), two / two.sum())
+    draft = rng.dirichlet(np.full(V, 0.05))
+    laws["draft-squared"] = (draft**2 / np.sum(draft**2), draft)
+    four = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+    four[rng.choice(V, 4, replace=False)] = 0.25
+    laws["four-heavy1e-14"] = (rng.dirichlet(np.full(V, 0.2)), four / four.sum())
+    return laws
 
 
 def machine() -> str:
@@ -112,14 +146,16 @@ def load() -> str:
         return "load average unknown"
 
 
-def timing(laws, repeats: int) -> None:
+def timing(laws, repeats: int, ks=KS, reference: bool = True) -> None:
     cases = []
     for law in laws:
         for name in SCHEMES:
-            for k in KS:
-                methods = ("reference", "auto") if name == "without_replacement" and k >= 3 else ("auto",)
+            for k in ks:
+                slow = name == "without_replacement" and k >= 3
+                methods = (("reference", "auto") if reference else ("auto",)) if slow else ("auto",)
                 cases += [(law, name, k, m) for m in methods]
     times: dict = {c: [] for c in cases}
+    cpu: dict = {c: [] for c in cases}
     results: dict = {}
     print(f"- before: {load()}")
     for c in cases:  # warm-up
@@ -128,12 +164,16 @@ def timing(laws, repeats: int) -> None:
     for _ in range(repeats):
         for c in cases:
             target, draft = laws[c[0]]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             optimal_acceptance_of(make_scheme(c[1], draft, c[2]), target, method=c[3])
             times[c].append(time.perf_counter() - t0)
+            cpu[c].append(time.process_time() - c0)
     print(f"- after: {load()}\n")
-    print("| law | scheme | k | method | median ms | min-max ms | alpha* | prefix | prefixes computed | G | error estimate |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| law | scheme | k | method | median ms | min-max ms | median CPU ms | alpha* | prefix | prefixes computed "
+        "| G | error estimate |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in cases:
         law, name, k, _ = c
         r = results[c]
@@ -148,7 +188,14 @@ def timing(laws, repeats: int) -> None:
         ts = np.array(times[c]) * 1e3
         print(
             f"| {law} | {name} | {k} | {r.method} | {np.median(ts):.1f} | {ts.min():.1f}-{ts.max():.1f} "
-            f"| {r.value:.12f} | {r.prefix} | {computed} | {G} | {r.error_estimate:.1e} |"
+            f"| {1e3 * np.median(cpu[c]):.1f} | {r.value:.12f} | {r.prefix} | {computed} | {G} | {r.error_estimate:.1e} |"
+        )
+    default = [c for c in cases if c[3] == "auto" and results[c].method == "prefix+race-window"]
+    if default:
+        worst = max(default, key=lambda c: np.median(cpu[c]))
+        print(
+            f"\nSlowest window-method case: {worst[0]}, k = {worst[2]}: median {1e3 * np.median(times[worst]):.1f} ms "
+            f"wall, {1e3 * np.median(cpu[worst]):.1f} ms CPU ({repeats} repeats)."
         )
 
 
@@ -297,7 +344,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--accuracy", action="store_true", help="also run the accuracy checks (about three minutes)")
-    ap.add_argument("--laws", default="peaked,dirichlet,dirichlet0.05", help="comma-separated subset of the laws")
+    ap.add_argument(
+        "--laws",
+        default="peaked,dirichlet,dirichlet0.05,dominant1e-14,dominant1e-14-flat,two-dominant1e-14,draft-squared,"
+        "four-heavy1e-14",
+        help="comma-separated subset of the laws",
+    )
+    ap.add_argument("--ks", default=",".join(map(str, KS)), help="comma-separated k values for the timing")
+    ap.add_argument("--no-reference", action="store_true", help="time the default method only (no reference scans)")
     args = ap.parse_args()
     laws = {name: law for name, law in make_laws(args.seed).items() if name in args.laws.split(",")}
     print(f"- command: {' '.join(['python'] + sys.argv)}")
@@ -307,7 +361,7 @@ def main() -> None:
         f"- V = {V}, seed {args.seed}, repeats {args.repeats} after one warm-up call, "
         "cases interleaved round by round (median and range shown)\n"
     )
-    timing(laws, args.repeats)
+    timing(laws, args.repeats, tuple(int(k) for k in args.ks.split(",")), not args.no_reference)
     if args.accuracy:
         accuracy(laws, args.seed)
 

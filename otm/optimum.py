@@ -332,7 +332,7 @@ def _wo2_inside(qp: np.ndarray) -> np.ndarray:
     return np.clip(inside, 0.0, 1.0)
 
 
-def race_grid(k: int, c_min: float, step: float | None = None) -> np.ndarray:
+def race_grid(k: int, c_min: float, step: float | None = None, ce_max: float | None = None) -> np.ndarray:
     r"""The ``y = log t`` nodes of the race quadrature.
 
     The line is cut at :math:`t_\min` and :math:`t_\max` such that each cut-off
@@ -347,6 +347,13 @@ def race_grid(k: int, c_min: float, step: float | None = None) -> np.ndarray:
       e^{-c_\min t_\max}`, with :math:`c_\min t_\max = 45`
       (:math:`e^{-45} < 3 \cdot 10^{-20}`).
 
+    With ``ce_max``, an upper bound on :math:`c\, e_k(q_H)` over the prefixes evaluated
+    (:math:`e_k` the elementary symmetric polynomial of H's masses), the lower cut rises to
+    :math:`t_\min = ((k+1) T / \mathrm{ce}_{\max})^{1/(k+1)}` when that is larger: since
+    :math:`F_H(t) \le e_k(1 - e^{-q t}) \le e_k(q)\, t^k`, the part below is at most
+    :math:`c\, e_k(q_H)\, t_\min^{k+1}/(k+1) \le T` (the bound above is the case
+    :math:`e_k(q_H) \le q(H)^k/k! \le 1/k!`). A dominant draft token with the rest of H
+    of mass r has :math:`e_k(q_H) \approx r^{k-1}/(k-1)!`, tiny: the grid then starts far higher.
     The trapezoid's own neglected nodes are bounded alike: below by
     :math:`h\,(k+1)\,T / (e^{(k+1)h} - 1) \le T` (the integrand is at most
     :math:`t^{k+1}/k!`), above by about :math:`h \cdot 45 e^{-45} < 10^{-18}`.
@@ -359,6 +366,8 @@ def race_grid(k: int, c_min: float, step: float | None = None) -> np.ndarray:
         Number of drafts.
     c_min : float
         Smallest positive complement mass among the prefixes evaluated.
+    ce_max : float, optional
+        Upper bound on :math:`c\, e_k(q_H)` over the prefixes evaluated (default: no bound, i.e. 1/k!).
     step : float, optional
         Trapezoid step ``h`` (default :func:`default_step`).
 
@@ -374,9 +383,11 @@ def race_grid(k: int, c_min: float, step: float | None = None) -> np.ndarray:
     """
     step = default_step(k) if step is None else float(step)
     t_min = (math.factorial(k + 1) * TRUNCATION) ** (1.0 / (k + 1))
+    if ce_max is not None and 0.0 < ce_max < 1.0 / math.factorial(k):
+        t_min = max(t_min, math.exp((math.log((k + 1) * TRUNCATION) - math.log(ce_max)) / (k + 1)))
     y0 = math.log(t_min)
     y1 = math.log(_UPPER) - math.log(c_min)
-    m = 2 * math.ceil((y1 - y0) / (2 * step))
+    m = max(2 * math.ceil((y1 - y0) / (2 * step)), 2)  # t_min above t_max: every evaluated Q is below 2T
     return y0 + step * np.arange(m + 1)
 
 
@@ -516,7 +527,7 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
     step_now = default_step(k) if step is None else float(step)
     for attempt in range(3):
         h = step_now
-        res = window_inside(qs[:n], ts[:n], k, lambda c_min: race_grid(k, c_min, h))
+        res = window_inside(qs[:n], ts[:n], k, lambda c_min, ce_max: race_grid(k, c_min, h, ce_max))
         if res is None:
             return None, "its race grid would need t above e^700 (a complement mass below ~1e-303)"
         inside, error, info = res

@@ -20,6 +20,19 @@ draws its (i+1)-th token inside :math:`H` with conditional probability
 giving :math:`L_j \le \alpha^*(j) = P_j + 1 - Q(H_j) \le U_j`. A prefix with
 :math:`L_j > \min_i U_i` cannot be the minimiser.
 
+**1b. Heavy-token bounds** (:func:`heavy_bounds`). The upper bound :math:`(1 - c)^k` ignores
+that a drafted heavy token leaves less mass to draw from: with one draft token of mass ~1 and
+the rest ~1e-14 it is ~1 at every prefix while Q is ~(q(H - a)/(1 - q_a))^{k-1}, so no prefix
+was excluded and 30-40 were evaluated directly on a grid of ~300 nodes. Following the (at most 3)
+heavy tokens one by one -- a walk over (heavy tokens drafted, number of light drafts), the light
+drafted mass only known to lie in [0, W_u] -- gives certified bounds on both sides, computed at
+:data:`HEAVY_SAMPLES` prefixes spread over the candidates (when more than :data:`HEAVY_FROM`
+survive step 1). Their lower bounds on Q lower the best value; their upper bounds are chord end
+points (step 2), so one round usually leaves a few hundred candidates around the minimiser.
+With more than 3 heavy tokens (four of 0.25 among masses of 1e-14: 42 ms), a second walk that
+counts the heavy drafts instead of naming them (:func:`heavy_count_bounds`, exact for equal heavy
+masses) is evaluated too, and the tighter of the two bounds kept.
+
 **2. Chords.** :math:`Q(H_j)` is non-decreasing in j (the sets are nested) and, by the
 exchange inequality (E) of :mod:`otm.optimum`, *convex in the draft mass*
 :math:`m_j = q(H_j)`: the slope :math:`(Q(H_j) - Q(H_{j-1}))/q_{x_j}` never decreases
@@ -70,7 +83,10 @@ caller (:func:`otm.optimum.optimal_acceptance_of`) refuses a check above
 Every value is a trapezoid sum on the reference's grid (:func:`otm.optimum.race_grid`,
 cut at :math:`45 / c` for the smallest complement mass c among the candidate prefixes,
 not among all prefixes, so G is ~100-130 instead of the reference's 250-2000 nodes),
-with the same error estimate :math:`|T_h - T_{2h}|` and the same step refinement.
+with the same error estimate :math:`|T_h - T_{2h}|` and the same step refinement. Its lower
+cut rises where :math:`c\, e_k(q_H)` is small (:func:`ek_bound`; the part cut off stays below
+1e-17): a dominant token among tiny masses starts the grid at t ~ 1e7 instead of 0.06 (G ~110-150
+instead of ~300).
 
 What is proved and what is measured: the bounds of steps 1-2 and the truncations of
 step 3 are rigorous (up to float rounding, bounded in place); the quadrature error is
@@ -120,6 +136,237 @@ returned minimum is then within TIE of the exact prefix minimum (needed where th
 tie with the minimum, e.g. Q and p both ~0 on a long run of tiny tokens)."""
 
 
+HEAVY_MIN = 1e-2
+"""Tokens with at least this draft mass (at most :data:`MAX_HEAVY` of them) are followed one by one
+by the heavy-token bounds (:func:`heavy_bounds`)."""
+
+MAX_HEAVY = 3
+
+HEAVY_TOTAL = 0.5
+"""The heavy tokens are used only when they hold at least this much mass together: the bounds then
+differ from those of step 1 by factors up to 1 / (1 - q(A)) in the complement terms; below, the
+rounds cost more than they save (peaked laws with a top mass of 0.1)."""
+
+HEAVY_MIN_MANY = 0.05
+"""With more than :data:`MAX_HEAVY` tokens of at least this mass (together >= ``HEAVY_TOTAL``), the
+count-only bounds (:func:`heavy_count_bounds`) are used as well."""
+
+HEAVY_SAMPLES = 64
+"""Prefixes per round at which :func:`heavy_bounds` is evaluated (spread evenly over the candidates)."""
+
+HEAVY_ROUNDS = 4
+"""Most rounds of heavy-token bounds before the direct evaluations start."""
+
+HEAVY_FROM = 2 * WINDOW
+"""The heavy-token bounds are used only when more candidate prefixes than this survive the cheap bounds."""
+
+
+@dataclass
+class Heavy:
+    """What :func:`heavy_bounds` needs, computed once per law (positions are in the ratio order)."""
+
+    pos: np.ndarray  # [m] positions of the heavy tokens A
+    mass: np.ndarray  # [m] their masses
+    r: np.ndarray  # [n + 1] q(H_j minus A), summed from the light tokens only
+    out: np.ndarray  # [n + 1] q(complement of H_j minus A), likewise
+    W: np.ndarray  # [k] W_u = sum of the u largest light masses
+    delta: float  # relative rounding bound of every sum above
+
+
+def heavy_tokens(qp: np.ndarray, k: int) -> Heavy | None:
+    """The heavy tokens of ``qp`` (at most ``min(MAX_HEAVY, k - 1)`` masses >= ``HEAVY_MIN``), or None
+    when there are none or they hold less than ``HEAVY_TOTAL`` together."""
+    n = qp.size
+    m = min(MAX_HEAVY, k - 1, n)
+    if m <= 0:
+        return None
+    top = np.argpartition(qp, n - m)[n - m :]
+    top = top[qp[top] >= HEAVY_MIN]
+    if top.size == 0 or float(qp[top].sum()) < HEAVY_TOTAL:
+        return None
+    return _heavy_set(qp, k, top)
+
+
+def _heavy_set(qp: np.ndarray, k: int, top: np.ndarray) -> Heavy:
+    """:class:`Heavy` for the heavy positions ``top`` (the light arrays exclude them)."""
+    n = qp.size
+    top = np.sort(top)
+    light = qp.copy()
+    light[top] = 0.0
+    r = np.zeros(n + 1)
+    np.cumsum(light, out=r[1:])
+    out = np.zeros(n + 1)
+    out[:n] = np.cumsum(light[::-1])[::-1]
+    big = np.sort(np.partition(light, max(n - (k - 1), 0))[max(n - (k - 1), 0) :])[::-1]
+    W = np.zeros(k)
+    W[1 : big.size + 1] = np.cumsum(big)[: k - 1]
+    W[big.size + 1 :] = W[big.size]
+    return Heavy(pos=top, mass=qp[top].copy(), r=r, out=out, W=W, delta=(n + 4 * k + 16) * EPS)
+
+
+def heavy_sets(qp: np.ndarray, k: int) -> list[tuple[str, Heavy]]:
+    """The heavy-token bounds to use on ``qp``: ``("subset", A)`` with the at most
+    ``min(MAX_HEAVY, k - 1)`` largest masses >= ``HEAVY_MIN`` when they hold at least
+    ``HEAVY_TOTAL``; and ``("count", A)`` with every mass >= ``HEAVY_MIN_MANY`` (at most
+    ``4 k``) when there are more than ``MAX_HEAVY`` of them holding at least ``HEAVY_TOTAL``."""
+    n = qp.size
+    sets = []
+    hv = heavy_tokens(qp, k)
+    if hv is not None:
+        sets.append(("subset", hv))
+    m = min(4 * k, n)
+    top = np.argpartition(qp, n - m)[n - m :]
+    top = top[qp[top] >= HEAVY_MIN_MANY]
+    if top.size > MAX_HEAVY and float(qp[top].sum()) >= HEAVY_TOTAL:
+        sets.append(("count", _heavy_set(qp, k, top)))
+    return sets
+
+
+def heavy_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Certified bounds ``lo <= Q(H_j) <= hi`` at the prefixes ``js``, following the heavy tokens A exactly.
+
+    Successive sampling is a walk over states (S, u): S the heavy tokens drawn so far, u the
+    number of light (non-A) tokens drawn, every draw so far in H. From (S, u) the next draw is
+    a in (A ∩ H) minus S with probability q_a / (x + y), and a light token of H with probability
+    x / (x + y), where x = q(H minus A) - d, y = q(A minus S) + q(complement minus A), and d the
+    mass of the u light drafts: 0 <= d <= W_u (the u largest light masses) and d <= q(H minus A).
+    Hence, with V(S, u) = 1 when |S| + u = k,
+
+    .. math::
+
+        V(S, u) = \frac{\alpha + x \beta}{x + y},\qquad
+        \alpha = \sum_{a \in (A \cap H) \setminus S} q_a V(S + a, u),\quad \beta = V(S, u + 1),
+
+    and Q(H) = V(∅, 0). The right side is monotone in x (a Möbius map), so its extremes over
+    the interval of x lie at the ends: taking the larger (smaller) end at every state gives an
+    upper (lower) bound, by induction over the states (the map is non-decreasing in α and β).
+    Without heavy tokens this is exactly (1 - c)^k and prod_i (1 - c/(1 - S_i)) (module
+    docstring, step 1); with a dominant token a (q_a ~ 1) the upper bound becomes about
+    q_a (q(H - a)/(1 - q_a))^{k-1} instead of ~1. Every sum is of non-negative terms; their
+    rounding (``hv.delta`` relative) widens the interval of x and y, and the results are moved
+    by a further 16 k eps. Upper and lower bounds are carried together as rows 0 and 1 of
+    arrays of shape (2, len(js)).
+    """
+    js = np.asarray(js, dtype=np.int64)
+    m = hv.pos.size
+    dl = hv.delta
+    inH = (hv.pos[:, None] < js[None, :]) * hv.mass[:, None]  # [m, J]: q_a where a is in H_j
+    r = hv.r[js]
+    out = hv.out[js]
+    widen = np.array([[1 - dl], [1 + dl]])  # y: smaller for the upper bound, larger for the lower
+    x_top = r * (1 + dl)
+    x_bot = [np.maximum(r - W - dl * (r + W), 0.0) for W in hv.W]  # per u
+    V: dict = {}
+    one = np.ones((2, js.size))
+    full = (1 << m) - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for S in range(full, -1, -1):  # supersets first
+            size = bin(S).count("1")
+            free = [a for a in range(m) if not S >> a & 1]
+            y = (float(sum(hv.mass[a] for a in free)) + out) * widen  # [2, J]
+            den_top = x_top + y
+            for u in range(k - size, -1, -1):
+                if size + u == k:
+                    V[S, u] = one
+                    continue
+                alpha = np.zeros((2, js.size))
+                for a in free:
+                    alpha += inH[a] * V[S | 1 << a, u]
+                beta = V[S, u + 1]
+                g1 = (alpha + x_top * beta) / den_top
+                g2 = (alpha + x_bot[u] * beta) / (x_bot[u] + y)
+                v = np.stack([np.fmax(g1[0], g2[0]), np.fmin(g1[1], g2[1])])
+                v[np.isnan(v)] = 0.0
+                v[0, np.isnan(g1[0]) & np.isnan(g2[0])] = 1.0  # no mass left: impossible state, 1 is safe
+                V[S, u] = v
+    hi = np.minimum(V[0, 0][0] * (1 + 16 * k * EPS), 1.0)
+    lo = np.maximum(V[0, 0][1] * (1 - 16 * k * EPS), 0.0)
+    return lo, hi
+
+
+def heavy_count_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Certified bounds ``lo <= Q(H_j) <= hi`` following only *how many* heavy tokens were drafted.
+
+    The walk of :func:`heavy_bounds` with states (h, u): h heavy and u light drafts, all in H.
+    The heavy mass left in H, z, lies between the sums of the :math:`n_A - h` smallest and
+    largest heavy masses of H (:math:`n_A` = their number), the light mass left x in
+    :math:`[q(H \setminus A) - W_u, q(H \setminus A)]`, and y = q(A minus H) + q(complement minus A)
+    is fixed, so
+
+    .. math::
+
+        V(h, u) = \frac{z\, V(h + 1, u) + x\, V(h, u + 1)}{x + z + y},
+
+    a linear-fractional map of (x, z): its extremes over the box lie at its four corners. Exact
+    when the heavy tokens of H have equal masses (four tokens of 0.25 among masses of 1e-14),
+    where following subsets would need 2^{n_A} states. Rounding as in :func:`heavy_bounds`.
+    """
+    js = np.asarray(js, dtype=np.int64)
+    dl = hv.delta
+    inH = hv.pos[:, None] < js[None, :]  # [m, J]
+    nA = inH.sum(axis=0)  # heavy tokens in H_j
+    vals = -np.sort(-np.where(inH, hv.mass[:, None], 0.0), axis=0)  # [m, J], H's heavy masses first, descending
+    m = vals.shape[0]
+    largest = np.zeros((m + 1, js.size))  # largest[t] = sum of the t largest heavy masses of H
+    np.cumsum(vals, axis=0, out=largest[1:])
+    rest = np.zeros((m + 1, js.size))  # rest[h] = sum of vals[h:] = all but the h largest
+    rest[:m] = np.cumsum(vals[::-1], axis=0)[::-1]
+    cols = np.arange(js.size)
+    r = hv.r[js]
+    y0 = hv.mass @ (~inH) + hv.out[js]  # heavy mass outside H plus light mass outside H
+    y = y0 * np.array([[1 - dl], [1 + dl]])  # [2, J]: smaller for the upper bound
+    x_top = r * (1 + dl)
+    x_bot = [np.maximum(r - W - dl * (r + W), 0.0) for W in hv.W]
+    V: dict = {}
+    one = np.ones((2, js.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for h in range(k, -1, -1):
+            left = np.maximum(nA - h, 0)  # heavy tokens of H not yet drafted
+            z_hi = largest[left, cols] * (1 + dl)  # the largest ones left
+            z_lo = rest[np.minimum(h, m), cols] * (1 - dl)  # the smallest ones left
+            z_lo = np.where(h <= nA, z_lo, 0.0)
+            for u in range(k - h, -1, -1):
+                if h + u == k:
+                    V[h, u] = one
+                    continue
+                a, b = V.get((h + 1, u), one), V[h, u + 1]
+                corners = [
+                    (z * a + x * b) / (x + z + y) for x in (x_top, x_bot[u]) for z in (z_hi, z_lo)
+                ]
+                g = np.stack(corners)  # [4, 2, J]
+                v = np.stack([np.fmax.reduce(g[:, 0], axis=0), np.fmin.reduce(g[:, 1], axis=0)])
+                v[0, np.isnan(v[0])] = 1.0  # 0/0 at every corner: no mass left, an impossible state
+                v[1, np.isnan(v[1])] = 0.0
+                V[h, u] = v
+    hi = np.minimum(V[0, 0][0] * (1 + 16 * k * EPS), 1.0)
+    lo = np.maximum(V[0, 0][1] * (1 - 16 * k * EPS), 0.0)
+    return lo, hi
+
+
+def ek_bound(qH: np.ndarray, k: int, m: int | None = None) -> float:
+    r"""An upper bound on the elementary symmetric polynomial :math:`e_k` of the masses ``qH``.
+
+    With A the ``m`` largest masses and r the sum of the others,
+    :math:`e_k(q) = \sum_i e_i(q_A)\, e_{k-i}(q_{\setminus A}) \le \sum_i e_i(q_A)\, r^{k-i}/(k-i)!`
+    (Maclaurin: :math:`e_j \le (\sum)^j / j!`). Sums of non-negative terms only; 1e-9 relative
+    is added for their rounding. Tight for a dominant token (about :math:`r^{k-1}/(k-1)!`), and
+    at most :math:`q(H)^k/k!` otherwise.
+    """
+    n = qH.size
+    m = min(k if m is None else m, n)  # default: the k largest masses
+    if m == 0:
+        return 0.0
+    part = np.partition(qH, n - m)
+    top = part[n - m :]
+    r = float(part[: n - m].sum())
+    e = [1.0] + [0.0] * k  # e_i of the top masses
+    for x in top.tolist():
+        for i in range(min(k, m), 0, -1):
+            e[i] += e[i - 1] * x
+    total = sum(e[i] * r ** (k - i) / math.factorial(k - i) for i in range(min(k, m) + 1))
+    return total * (1 + 1e-9)
+
+
 @lru_cache(maxsize=None)
 def series_table(k: int) -> np.ndarray:
     r"""``C[r - 1, n] = r! S(n, r) / n!`` for ``r = 1..k-1``, ``n = 0..N-1``: :math:`(e^x-1)^r = \sum_n C_{r,n} x^n`.
@@ -160,6 +407,7 @@ class Window:
     rounds: int = 0
     explicit: int = 0  # largest number of explicit tokens per node used
     nodes: int = 0  # race grid size G
+    heavy: int = 0  # prefixes at which heavy_bounds was evaluated
 
 
 def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -177,7 +425,7 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
     logq = np.log(q)
     # token x is small (q_x t <= TAU) at nodes g <= gx
     gx = np.floor((math.log(TAU) - logq - y[0]) / h).astype(np.int64)
-    gx = np.minimum(gx, G - 1)
+    gx = np.clip(gx, -1, G - 1)  # -1: large at every node
     pos = np.arange(last)
     seg = np.searchsorted(J, pos, side="right")  # token in H_j for the points j = J[seg:]
     # ---- small tokens: power sums by (point, bucket), scaled per bucket: v = q t_gx <= TAU
@@ -222,7 +470,8 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
         a *= np.exp(-s[1])[None] if N > 1 else 1.0  # e^{-sum x}: sum x = s_1
     # ---- large tokens (q t > TAU at some node): exact product, by decreasing mass over all points
     big = np.flatnonzero(gx < G - 1)
-    big = big[np.argsort(-q[big], kind="stable")]  # gx is non-decreasing along this order
+    # by first large node (non-increasing mass up to ties within a node): a radix sort, G < 2^15
+    big = big[np.argsort(gx[big].astype(np.int16 if G < 2**15 else np.int64), kind="stable")]
     gb = gx[big]
     first_point = np.searchsorted(J, big, side="right")  # the token is in H_j for the points J[i0:]
     # large tokens of H_j at node g (those with gx < g), a 2-D cumulative count
@@ -335,6 +584,8 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
     error = np.zeros(n + 1)
     inside[:k] = 0.0  # fewer than k tokens
     inside[n] = 1.0  # the whole support
+    q_up = np.full(n + 1, np.nan)  # heavy-token upper bounds on Q at some prefixes (NaN elsewhere)
+    heavy_used = False
     with np.errstate(divide="ignore"):
         L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
     part = np.partition(qp, n - (k - 1))
@@ -347,8 +598,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
             log_low = np.log1p(-np.minimum(1.0, c[js, None] / rest[None, :])).sum(axis=1)
         return P[js] - np.expm1(log_low)
 
-    u0 = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* ...
-    U_min = min(u0, float(upper_bounds(np.flatnonzero(L <= u0 + MARGIN)).min(initial=np.inf)))  # ... the least U_j
+    U_min = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* (the least U_j below)
 
     def lower_bounds(js: np.ndarray) -> np.ndarray:
         """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
@@ -357,18 +607,29 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         The masses q(H_j minus H_a) are summed from a within each gap, so their relative rounding is
         at most (b - a) eps however small they are next to q(H_a); that bound is taken off the chord.
         """
-        ev = np.flatnonzero(~np.isnan(inside))
+        lb = np.maximum(L[js], P[js] + 1 - chords(inside, js))
+        if heavy_used:  # chords between upper bounds too: exact values, else heavy-token bounds
+            lb = np.maximum(lb, P[js] + 1 - chords(np.where(np.isnan(inside), q_up, inside), js))
+        return lb
+
+    def chords(vals: np.ndarray, js: np.ndarray) -> np.ndarray:
+        """Upper bound on Q(H_j) from the chord between the prefixes around j where ``vals`` (upper
+        bounds on Q, or Q itself) is known."""
+        if js.size == 0:
+            return np.empty(0)
+        ev = np.flatnonzero(~np.isnan(vals))
         i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
         a, b = ev[i - 1], ev[i]
         chord = np.empty(js.size)
-        for ga in np.unique(a):
-            sel = a == ga
-            gb = int(b[sel][0])
+        cut = np.flatnonzero(np.diff(a)) + 1  # js is sorted: the gaps are runs of equal a
+        for lo_, hi_ in zip(np.concatenate([[0], cut]), np.concatenate([cut, [js.size]])):
+            sel = slice(int(lo_), int(hi_))
+            ga, gb = int(a[lo_]), int(b[lo_])
             local = np.cumsum(qp[ga:gb])  # local[j - a - 1] = q(H_j) - q(H_a)
             frac = local[js[sel] - ga - 1] / local[-1]
-            rise = inside[gb] - inside[ga]
-            chord[sel] = inside[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
-        return np.maximum(L[js], P[js] + 1 - chord)
+            rise = vals[gb] - vals[ga]
+            chord[sel] = vals[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
+        return chord
 
     known = ~np.isnan(inside)
     attained = float(np.min(P[known] + 1 - inside[known]))  # the least value of a computed prefix
@@ -381,10 +642,32 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         return (lb <= best + MARGIN) & (lb < attained - TIE)
 
     cand = np.flatnonzero(~known & open_(L))
+    hsets = heavy_sets(qp, k) if cand.size > HEAVY_FROM else []
+    for _ in range(HEAVY_ROUNDS if hsets else 0):
+        # heavy-token bounds at prefixes spread over the candidates: their lower bounds on Q lower
+        # the best value, their upper bounds on Q are chord end points (Q is convex in the mass)
+        js = np.unique(cand[np.linspace(0, cand.size - 1, HEAVY_SAMPLES).round().astype(np.int64)])
+        q_lo, q_hi = np.zeros(js.size), np.ones(js.size)
+        for kind, hv in hsets:  # every set gives valid bounds: keep the tightest
+            lo_, hi_ = (heavy_bounds if kind == "subset" else heavy_count_bounds)(hv, k, js)
+            q_lo, q_hi = np.maximum(q_lo, lo_), np.minimum(q_hi, hi_)
+        q_up[js] = np.fmin(q_up[js], q_hi)
+        heavy_used = True
+        U_min = min(U_min, float(np.min(P[js] + 1 - q_lo)))
+        best = min(U_min, attained)
+        info.heavy += js.size
+        before = cand.size
+        cand = cand[open_(lower_bounds(cand))]
+        if cand.size <= HEAVY_FROM or cand.size > 0.5 * before:
+            break
+    U_min = min(U_min, float(upper_bounds(cand).min(initial=np.inf)))  # the least U_j (the others have L_j above)
+    best = min(U_min, attained)
     cand = cand[open_(lower_bounds(cand))]
     if cand.size == 0:
         return inside, error, info
-    y = grid(float(c[cand.max()]))
+    # every prefix evaluated below lies in [cand.min() - 1, cand.max()] (split's left ends): its
+    # complement mass is at least c[cand.max()] (upper cut) and c e_k(q_H) at most the bound (lower cut)
+    y = grid(float(c[cand.max()]), float(c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k))
     if y[-1] > 700.0:
         return None
     t = np.exp(y)
@@ -411,6 +694,7 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
 
     scans: list[tuple[int, int]] = []
     evaluate([max(j, 0) for j in split(int(cand.min()), int(cand.max()))])
+    heavy_used = False  # from here on the exact values' chords are the ones that matter (and cost less)
     while True:
         info.rounds += 1
         done = ~np.isnan(inside)

@@ -561,3 +561,246 @@ def test_window_matches_reference_on_hypothesis_laws(laws, k):
     assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
     skipped = np.isnan(fast.prefix_values)
     assert np.all(ref.prefix_values[skipped] >= fast.value - 3e-13)
+
+
+# -----------------------------------------------------------------------------
+# the heavy-token bounds and the raised lower cut of the race grid (otm.race_window)
+# -----------------------------------------------------------------------------
+@st.composite
+def heavy_law(draw):
+    """V = 3..7 masses with one to three heavy tokens among light ones down to 1e-12 (or a plain law)."""
+    V = draw(st.integers(3, 7))
+    kind = draw(st.sampled_from(["dominant", "two", "three", "plain"]))
+    if kind == "plain":
+        return draw(law(V))
+    light = np.array(draw(st.lists(st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3, 0.02]), min_size=V, max_size=V)))
+    light = light * np.array(draw(st.lists(st.floats(0.1, 10.0), min_size=V, max_size=V)))
+    heavy = {"dominant": [1.0], "two": [0.6, 0.4], "three": [0.5, 0.3, 0.2]}[kind][:V]
+    light[: len(heavy)] = heavy
+    perm = draw(st.permutations(range(V)))
+    q = light[list(perm)]
+    return q / q.sum()
+
+
+@settings(max_examples=300, deadline=None)
+@given(heavy_law(), st.integers(2, 6), st.randoms(use_true_random=False))
+def test_heavy_bounds_bound_q_at_every_prefix(draft, k, rnd):
+    # lo <= Q(H_j) <= hi for every prefix of any order, Q summed from the enumerated draft tuples;
+    # any choice of heavy tokens gives valid bounds: the selection thresholds are lifted here
+    from unittest import mock
+
+    import otm.race_window as rw
+
+    assume(np.count_nonzero(draft) >= k)
+    positive = [x for x in range(draft.size) if draft[x] > 0]
+    order = np.array(rnd.sample(positive, len(positive)))
+    qp = draft[order]
+    with mock.patch.multiple(rw, HEAVY_MIN=0.0, HEAVY_TOTAL=0.0):
+        hv = rw.heavy_tokens(qp, k)
+    assert hv is not None
+    heavy_bounds = rw.heavy_bounds
+    js = np.arange(qp.size + 1)
+    lo, hi = heavy_bounds(hv, k, js)
+    scheme = WithoutReplacement(draft, k)
+    for j in js:
+        H = np.zeros(draft.size, dtype=bool)
+        H[order[:j]] = True
+        Q = q_inside(scheme, H)
+        assert lo[j] <= Q * (1 + 1e-12) and Q <= hi[j] * (1 + 1e-12) + 1e-300, (j, lo[j], Q, hi[j])
+
+
+@st.composite
+def equal_heavy_law(draw):
+    """V = 4..8: two to V - 1 heavy tokens of (nearly) equal mass among light masses down to 1e-12."""
+    V = draw(st.integers(4, 8))
+    nh = draw(st.integers(2, V - 1))
+    light = np.array(draw(st.lists(st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3, 0.02]), min_size=V, max_size=V)))
+    light[:nh] = np.array(draw(st.lists(st.floats(0.8, 1.25), min_size=nh, max_size=nh)))
+    q = light[list(draw(st.permutations(range(V))))]
+    return q / q.sum()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(equal_heavy_law(), heavy_law()), st.integers(2, 6), st.randoms(use_true_random=False),
+       st.floats(0.0, 0.3))
+def test_heavy_count_bounds_bound_q_at_every_prefix(draft, k, rnd, threshold):
+    # the count-only walk (any set of heavy tokens: every mass >= threshold) brackets Q(H_j)
+    import otm.race_window as rw
+
+    assume(np.count_nonzero(draft) >= k)
+    positive = [x for x in range(draft.size) if draft[x] > 0]
+    order = np.array(rnd.sample(positive, len(positive)))
+    qp = draft[order]
+    top = np.flatnonzero(qp >= threshold)
+    assume(top.size > 0)
+    lo, hi = rw.heavy_count_bounds(rw._heavy_set(qp, k, top), k, np.arange(qp.size + 1))
+    scheme = WithoutReplacement(draft, k)
+    for j in range(qp.size + 1):
+        H = np.zeros(draft.size, dtype=bool)
+        H[order[:j]] = True
+        Q = q_inside(scheme, H)
+        assert lo[j] <= Q * (1 + 1e-12) and Q <= hi[j] * (1 + 1e-12) + 1e-300, (j, lo[j], Q, hi[j])
+
+
+def test_heavy_count_bounds_are_tight_for_equal_heavy_tokens():
+    # four tokens of 0.25 among 1e-9 masses: following subsets of 3 heavy tokens leaves the fourth
+    # in the light interval (loose); counting the heavy drafts is exact for equal masses, and the
+    # bounds lie within 5% of the reference Q once H holds all four and hundreds of light tokens
+    import otm.race_window as rw
+
+    rng = np.random.default_rng(4)
+    V, k = 2000, 6
+    draft = np.full(V, 1e-9) * rng.uniform(0.5, 2, V)
+    draft[[3, 50, 400, 900]] = 0.25
+    draft /= draft.sum()
+    Q = prefix_membership(draft, k, np.arange(V)).inside
+    js = np.arange(1000, V, 50)
+    lo, hi = rw.heavy_count_bounds(rw._heavy_set(draft, k, np.array([3, 50, 400, 900])), k, js)
+    assert np.all(lo <= Q[js] * (1 + 1e-12)) and np.all(Q[js] <= hi * (1 + 1e-12))
+    assert np.all(hi <= 1.05 * Q[js]) and np.all(lo >= 0.95 * Q[js])
+    kinds = [kind for kind, _ in rw.heavy_sets(draft, k)]
+    assert kinds == ["subset", "count"]
+
+
+def test_heavy_bounds_are_tight_for_a_dominant_token():
+    # one draft token near 1, the rest ~1e-9: the plain bound (1 - c)^k is ~1 at every prefix, the
+    # heavy-token upper bound follows Q(H) (reference race quadrature) within 5% once H holds
+    # hundreds of light tokens (it ignores only the depletion of the light mass by the drafts)
+    rng = np.random.default_rng(3)
+    V, k = 2000, 4
+    draft = np.full(V, 1e-9) * rng.uniform(0.5, 2, V)
+    draft[2] = 1.0
+    draft /= draft.sum()
+    from otm.race_window import heavy_bounds, heavy_tokens
+
+    order = np.arange(V)
+    Q = prefix_membership(draft, k, order).inside
+    js = np.arange(500, V, 50)
+    lo, hi = heavy_bounds(heavy_tokens(draft, k), k, js)
+    c = np.array([draft[j:].sum() for j in js])
+    assert np.all((1 - c) ** k > 0.99999)
+    assert np.all(lo <= Q[js] * (1 + 1e-12)) and np.all(Q[js] <= hi * (1 + 1e-12))
+    assert np.all(hi <= 1.05 * Q[js]) and np.all(lo >= 0.95 * Q[js])
+
+
+@settings(max_examples=300, deadline=None)
+@given(heavy_law(), st.integers(1, 6), st.floats(1e-3, 1e13))
+def test_ek_bound_bounds_the_race_count_tail(qH, k, t):
+    # F_H(t) = P(N_H(t) >= k) <= e_k(q_H) t^k <= ek_bound t^k: the premise of the raised lower cut
+    from otm.race_window import ek_bound
+
+    b = -np.expm1(-qH * t)
+    pmf = np.zeros(qH.size + 1)
+    pmf[0] = 1.0
+    for x in b:  # exact Poisson-binomial law
+        pmf[1:] = pmf[1:] * (1 - x) + pmf[:-1] * x
+        pmf[0] *= 1 - x
+    tail = float(pmf[k:].sum())
+    e = np.zeros(k + 1)
+    e[0] = 1.0
+    for x in qH:
+        e[1:] = e[1:] + e[:-1] * x
+    bound = ek_bound(qH, k)
+    assert e[k] <= bound * (1 + 1e-12)
+    assert tail <= bound * t**k * (1 + 1e-9) + 1e-300
+    assert bound <= qH.sum() ** k / math.factorial(k) * (1 + 1e-8)
+
+
+def test_race_grid_lower_cut_rises_only_with_a_small_ek():
+    from otm.optimum import race_grid
+
+    plain = race_grid(8, 1e-12)
+    assert race_grid(8, 1e-12, ce_max=1.0 / math.factorial(8))[0] == plain[0]
+    high = race_grid(8, 1e-12, ce_max=1e-70)
+    assert high[0] > plain[0] + 10 and high[-1] >= plain[-1] - 1 and high.size < plain.size
+    # the cut part c e_k t_min^{k+1} / (k+1) is at most T = 1e-17
+    assert 1e-70 * math.exp(high[0]) ** 9 / 9 <= 1e-17 * (1 + 1e-9)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair(3, 8), st.integers(3, 5))
+def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
+    # small V never reaches HEAVY_FROM candidates: force the heavy-token rounds on every law
+    from unittest import mock
+
+    import otm.race_window as rw
+
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN=0.0, HEAVY_MIN_MANY=0.0, HEAVY_TOTAL=0.0):
+        opt = optimal_acceptance_of(scheme, target, method="window")
+    assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(medium_pair(), st.integers(3, 8))
+def test_window_with_heavy_bounds_forced_matches_reference(laws, k):
+    from unittest import mock
+
+    import otm.race_window as rw
+
+    target, draft = laws
+    assume(np.count_nonzero(draft) >= k)
+    scheme = WithoutReplacement(draft, k)
+    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN_MANY=0.01, HEAVY_TOTAL=0.0):
+        fast = optimal_acceptance_of(scheme, target, method="window")
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)
+    skipped = np.isnan(fast.prefix_values)
+    assert np.all(ref.prefix_values[skipped] >= fast.value - 3e-13)
+
+
+def dominant_law(rng, V: int, scale: float, n_heavy: int = 1):
+    """Draft: n_heavy heavy tokens, every other mass scale * U(0.1, 10); target Dirichlet(0.2)."""
+    draft = np.full(V, scale) * rng.uniform(0.1, 10, V)
+    draft[rng.choice(V, n_heavy, replace=False)] = [1.0, 0.6, 0.4][:n_heavy] if n_heavy < 3 else [0.5, 0.3, 0.2]
+    return rng.dirichlet(np.full(V, 0.2)), draft / draft.sum()
+
+
+@pytest.mark.parametrize("case", ["dominant1e-14", "dominant1e-14-flat-target", "two-dominant1e-14", "four-heavy1e-14"])
+def test_slowest_case_class_matches_reference_at_V49152(case):
+    # the case class that was slowest (one dominant draft token, the rest ~1e-14, k = 8: 38 prefixes
+    # evaluated directly on G = 287 nodes; a flat target: 395 ms): same value as the reference scan
+    rng = np.random.default_rng(11)
+    V, k = 49152, 8
+    if case == "two-dominant1e-14":
+        target, draft = dominant_law(rng, V, 1e-14, 2)
+    elif case == "four-heavy1e-14":  # more heavy tokens than the subset bounds follow
+        draft = np.full(V, 1e-14) * rng.uniform(0.1, 10, V)
+        draft[rng.choice(V, 4, replace=False)] = 0.25
+        target, draft = rng.dirichlet(np.full(V, 0.2)), draft / draft.sum()
+    else:
+        target, draft = dominant_law(rng, V, 1e-14)
+        if case == "dominant1e-14-flat-target":
+            target = rng.dirichlet(np.ones(V))
+    scheme = WithoutReplacement(draft, k)
+    fast = optimal_acceptance_of(scheme, target)
+    ref = optimal_acceptance_of(scheme, target, method="reference")
+    assert fast.method == "prefix+race-window" and ref.method == "prefix+race"
+    assert abs(fast.value - ref.value) <= 1e-9
+    computed = ~np.isnan(fast.prefix_values)
+    assert np.abs(fast.prefix_values[computed] - ref.prefix_values[computed]).max() <= 1e-9
+    assert np.all(ref.prefix_values[~computed] >= fast.value - 3e-13)
+    # the heavy-token bounds leave few prefixes to evaluate directly, on a grid raised by e_k
+    import re
+
+    assert int(re.search(r"\((\d+) evaluated directly", fast.note).group(1)) <= 8, fast.note
+    assert int(re.search(r"G = (\d+) nodes", fast.note).group(1)) < 200, fast.note
+
+
+@pytest.mark.parametrize(
+    "target, draft",
+    [
+        ([1.0, 0.0, 0.0, 0.0, 0.0], [2.5e-13, 0.25, 0.25, 0.25, 0.25]),  # split evaluates cand.min() - 1
+        ([1.0, 0.0, 0.0, 0.0], [0.5, 5e-13, 5e-13, 0.5]),  # raised lower cut above the upper cut
+    ],
+)
+def test_raised_lower_cut_covers_every_evaluated_prefix(target, draft):
+    # two laws hypothesis found while the lower cut was first raised: the bound on c e_k must hold
+    # at every prefix evaluated (split's left end lies one below the candidates; Q was off by 2e-6),
+    # and a cut t_min above t_max must still give a grid (it gave none: IndexError)
+    scheme = WithoutReplacement(np.array(draft), 3)
+    opt = optimal_acceptance_of(scheme, np.array(target), method="window")
+    assert abs(opt.value - brute_force_optimum(scheme, np.array(target))) <= 1e-12
+    assert opt.error_estimate <= QUADRATURE_TOLERANCE
