@@ -231,6 +231,9 @@ RATIO_RANGE = 60
 REFINE_ROUNDS = 4
 """Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
 
+FINE_BITS_MAX = 10
+"""At most ``2**FINE_BITS_MAX`` sub-buckets per split bucket (see :func:`_fine_bits`)."""
+
 SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
 
@@ -445,12 +448,147 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
+def _fine_bits(n_tokens: int, n_buckets: int) -> int:
+    """Sub-bucket bits for the split buckets: about sqrt(tokens per bucket) sub-buckets, so that
+    sub-buckets and the single tokens of the two split around the cut are about equally many."""
+    per = max(n_tokens / max(n_buckets, 1), 1.0)
+    return int(min(FINE_BITS_MAX, max(0, round(np.log2(per) / 2))))
+
+
+def _best_cut(P_g: np.ndarray, Q_g: np.ndarray, k: int) -> int:
+    """Index j of the group boundary (after group j) maximising P_j - g(D_j); -1 when none gains."""
+    after = np.cumsum(Q_g[::-1])[::-1] - Q_g  # draft mass after each group
+    gain = np.cumsum(P_g) - (1.0 - after**k)
+    j = int(np.argmax(gain))
+    return j if gain[j] > 0 else -1
+
+
+@dataclass
+class _Refined:
+    """The tokens of the split buckets grouped: ``asc`` ascending, ``order`` into ratio order
+    (``idx = asc[order]``); per refined group (consecutive in ``idx``): tokens ``n``, bucket ``b``,
+    masses ``P``, ``Q``, sub-bucket code ``f`` and ratio bounds ``[lo, hi)``."""
+
+    asc: np.ndarray
+    order: np.ndarray
+    idx: np.ndarray
+    n: np.ndarray
+    b: np.ndarray
+    P: np.ndarray
+    Q: np.ndarray
+    f: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@dataclass
+class _SplitTokens:
+    """Per token of the split buckets (ascending): its laws, the ratio's bits ``code``, its bucket
+    ``g``, sub-bucket code ``fc`` and sub-bucket index ``fidx`` (ratio order over the split buckets),
+    and the stable order by ``fidx``."""
+
+    split: np.ndarray
+    asc: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
+    code: np.ndarray
+    g: np.ndarray
+    fc: np.ndarray
+    fidx: np.ndarray
+    by_fine: np.ndarray
+
+
+def _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi, asc=None) -> _SplitTokens:
+    """The tokens of the split buckets and their sub-buckets (the ratio's top ``bits + fine`` bits)."""
+    asc = _tokens_in(gid, split) if asc is None else asc  # ascending
+    p_t, q_t = pl.at(asc), ql.at(asc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        code = np.divide(p_t, q_t).view(np.int64)  # the ratio's bits, as in _ratio_groups
+    fc = np.clip(code >> fshift, f_lo, f_hi)  # sub-bucket code (descending = ratio order)
+    g_t = gid[asc]
+    rank = np.cumsum(split) - 1
+    fidx = (rank[g_t] << fine) + (((hi_code + 1 - g_t) << fine) - 1 - fc)
+    by_fine = np.argsort(fidx.astype(np.int16) if fidx.size and fidx.max() < 2**15 else fidx, kind="stable")
+    return _SplitTokens(split.copy(), asc, p_t, q_t, code, g_t, fc, fidx, by_fine)
+
+
+def _refined(st: _SplitTokens, every, single_fc, fshift, f_lo, f_hi) -> _Refined:
+    """Group the tokens of the split buckets: by sub-bucket, single tokens (in ratio order, ties in
+    index order) in the sub-buckets listed in ``single_fc`` and in the buckets marked ``every``."""
+    sing = every[st.g]
+    if single_fc.size:
+        sing |= np.isin(st.fc, single_fc)
+    order = st.by_fine
+    if sing.any():  # single tokens in ratio order inside their sub-bucket (ties: index order)
+        s = order[sing[order]]
+        s = s[np.lexsort((-st.code[s], st.fidx[s]))]
+        order = order.copy()
+        order[sing[order]] = s
+    idx = st.asc[order]
+    fcs = st.fc[order]
+    start = np.empty(idx.size, dtype=bool)
+    start[:1] = True
+    np.not_equal(fcs[1:], fcs[:-1], out=start[1:])
+    start |= sing[order]
+    starts = np.flatnonzero(start)
+    n = np.diff(starts, append=idx.size)
+    f = fcs[starts]
+    lo = (f << fshift).view(np.float64)
+    lo[f == f_lo] = 0.0
+    hi = ((f + 1) << fshift).view(np.float64)
+    hi[f == f_hi] = np.inf
+    P = np.add.reduceat(st.p[order], starts)
+    Q = np.add.reduceat(st.q[order], starts)
+    return _Refined(st.asc, order, idx, n, st.g[order][starts], P, Q, f, lo, hi)
+
+
+_NO_REFINED = _Refined(*([np.zeros(0, dtype=np.int64)] * 5), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+
+
+@dataclass
+class _Groups:
+    """The groups in ratio order: masses ``P``, ``Q``, ratio bounds ``[lo, hi)``, tokens ``n``;
+    ``base``: group of each whole bucket (``gw = base[whole]``), ``rg``: group of each refined group."""
+
+    P: np.ndarray
+    Q: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    n: np.ndarray
+    G: int
+    base: np.ndarray
+    gw: np.ndarray
+    whole: np.ndarray
+    rg: np.ndarray
+
+
+def _assemble(split, nonempty, n_b, P_b, Q_b, lo, hi, rf: _Refined) -> _Groups:
+    """Whole buckets and refined groups, in ratio order."""
+    nb = lo.size
+    cnt = np.bincount(rf.b, minlength=nb)
+    size = np.where(split, cnt, nonempty)  # groups each bucket becomes
+    base = np.cumsum(size) - size
+    G = int(base[-1] + size[-1])
+    whole = nonempty & ~split
+    gw = base[whole]
+    rg = base[rf.b] + np.arange(rf.b.size) - (np.cumsum(cnt) - cnt)[rf.b]
+    P_g, Q_g, lo_g, hi_g = np.empty(G), np.empty(G), np.empty(G), np.empty(G)
+    n_g = np.empty(G, dtype=np.int64)
+    P_g[gw], Q_g[gw], lo_g[gw], hi_g[gw], n_g[gw] = P_b[whole], Q_b[whole], lo[whole], hi[whole], n_b[whole]
+    P_g[rg], Q_g[rg], lo_g[rg], hi_g[rg], n_g[rg] = rf.P, rf.Q, rf.lo, rf.hi, rf.n
+    return _Groups(P_g, Q_g, lo_g, hi_g, n_g, G, base, gw, whole, rg)
+
+
 def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, laws=None):
     """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout.
 
     ``p``, ``q``: the normalised float64 laws, read over the vocabulary once, before the first
     layout; ``laws``, optional: the same laws as :class:`Scaled` (the same numbers where evaluated),
     which the rule keeps and reads token by token afterwards instead of ``p``, ``q``.
+
+    Groups, in ratio order: each whole bucket; the buckets around the best cut between whole
+    buckets (*split* buckets) cut into ``2**-(bits + fine)`` octave sub-buckets, and the sub-buckets
+    around the best cut between those (and, in later rounds, straddling groups) into single tokens.
     """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
@@ -458,94 +596,126 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
     gid, lo, hi = _ratio_groups(p, q, bits)
     nb = lo.size
-    n_b = np.bincount(gid, minlength=nb)
     P_b = np.bincount(gid, weights=p, minlength=nb)
     Q_b = np.bincount(gid, weights=q, minlength=nb)
     del p, q  # from here on the laws are read at a few tokens only
-    split = np.zeros(nb, dtype=bool)
-    nonempty = n_b > 0
-    idx = split_grp = asc = perm = np.zeros(0, dtype=np.int64)
+    # tokens per bucket, counted only where it matters (a whole bucket that might straddle): until
+    # then every bucket with mass counts as two or more. Buckets of tokens with p = q = 0 only (their
+    # ratio nan) have no group: their tokens take a neighbour's, where they are never selected
+    nonempty = (P_b > 0) | (Q_b > 0)
+    n_b = np.where(nonempty, 2, 0)
+    counted = False
+    split = np.zeros(nb, dtype=bool)  # buckets whose tokens are grouped finer (listed in split_tok)
+    every = np.zeros(nb, dtype=bool)  # split buckets whose tokens are all single
+    single_fc = np.zeros(0, dtype=np.int64)  # sub-buckets whose tokens are single
     # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
     # (these are the groups that straddle): split them from the start, saving a round
     filled = np.flatnonzero(nonempty)
-    after = np.cumsum(Q_b[filled][::-1])[::-1] - Q_b[filled]  # draft mass after each bucket
-    gain = np.cumsum(P_b[filled]) - (1.0 - after**k)  # P_j - g(D_j) at each bucket's end
-    j = int(np.argmax(gain))
-    if gain[j] > 0 and REFINE_ROUNDS > 0:
-        around = filled[j : j + 2]
-        split[around[n_b[around] >= 2]] = True
-    for round_ in range(REFINE_ROUNDS + 1):
-        size = np.where(split, n_b, nonempty.astype(np.int64))  # groups each bucket becomes
+    j = _best_cut(P_b[filled], Q_b[filled], k) if REFINE_ROUNDS > 0 else -1
+    if j >= 0:
+        split[filled[j : j + 2]] = True
+    shift = 52 - bits
+    hi_code = (1023 + RATIO_RANGE) << bits
+    lo_code = (1023 - RATIO_RANGE) << bits
+    fine = fshift = f_lo = f_hi = 0
+    st = None
+    if split.any():
+        asc = _tokens_in(gid, split)
+        fine = _fine_bits(asc.size, int(split.sum()))
+        fshift = shift - fine
+        f_lo, f_hi = lo_code << fine, ((hi_code + 1) << fine) - 1
+        st = _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi, asc)
+        # and, inside them, the sub-buckets around the best cut between sub-buckets and whole buckets
+        nf = int(split.sum()) << fine
+        cnt_f = np.bincount(st.fidx, minlength=nf)
+        size = np.where(split, 1 << fine, nonempty)
         base = np.cumsum(size) - size
-        G = int(size.sum())
-        P_g = np.zeros(G)
-        Q_g = np.zeros(G)
         whole = nonempty & ~split
-        P_g[base[whole]] = P_b[whole]
-        Q_g[base[whole]] = Q_b[whole]
-        if split.any():
-            asc = _tokens_in(gid, split & nonempty)  # the split tokens, ascending
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r_idx = pl.at(asc) / ql.at(asc)
-            perm = _descending(r_idx)
-            idx = asc[perm]  # in ratio order; buckets are ratio slices: bucket order kept
-            b = gid[idx]
-            first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
-            split_grp = base[b] + np.arange(idx.size) - first[b]
-            P_g[split_grp] = pl.at(idx)
-            Q_g[split_grp] = ql.at(idx)
+        slot = (base[split][:, None] + np.arange(1 << fine)).ravel()  # sub-bucket fidx's place
+        P_c, Q_c = np.zeros(int(base[-1] + size[-1])), np.zeros(int(base[-1] + size[-1]))
+        P_c[base[whole]], Q_c[base[whole]] = P_b[whole], Q_b[whole]
+        P_c[slot] = np.bincount(st.fidx, weights=st.p, minlength=nf)
+        Q_c[slot] = np.bincount(st.fidx, weights=st.q, minlength=nf)
+        jc = _best_cut(P_c, Q_c, k)
+        if jc >= 0:
+            fid = np.full(P_c.size, -1)
+            fid[slot] = np.arange(nf)
+            near = fid[jc : jc + 2]
+            near = near[near >= 0]
+            near = near[cnt_f[near] >= 2]
+            if near.size:
+                single_fc = np.unique(st.fc[np.isin(st.fidx, near)])
+    for round_ in range(REFINE_ROUNDS + 1):
+        if split.any() and (st is None or not np.array_equal(st.split, split)):
+            st = _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi)
+        rf = _refined(st, every, single_fc, fshift, f_lo, f_hi) if split.any() else _NO_REFINED
+        gr = _assemble(split, nonempty, n_b, P_b, Q_b, lo, hi, rf)
+        P_g, Q_g, lo_g, hi_g, n_g, G, base, gw, whole = gr.P, gr.Q, gr.lo, gr.hi, gr.n, gr.G, gr.base, gr.gw, gr.whole
         x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
-        # a whole group with both passes can spread its pass-1 mass over its tokens so that
-        # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
-        gw = base[whole]
-        th_G, X_G, X1_G = theta_g[gw], x_g[gw], x1_g[gw]
-        both = (n_b[whole] >= 2) & (th_G > 0) & (th_G < 1) & (P_b[whole] > 0) & (Q_b[whole] > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            a_G = X1_G / (th_G * Q_b[whole])
-            b_G = (X_G - X1_G) / ((1.0 - th_G) * Q_b[whole])
-            lam_G = X_G / P_b[whole]
-            ok = both & (b_G <= lam_G * lo[whole]) & (lam_G * hi[whole] <= a_G) & (a_G > b_G)
-        spread = np.zeros(nb, dtype=bool)
-        spread[whole] = ok
-        w_b = np.zeros(nb)
-        w_b[whole] = w[gw]
-        straddle = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+        for _ in range(2):
+            # a group with both passes can spread its pass-1 mass over its tokens so that
+            # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
+            both = (n_g >= 2) & (theta_g > 0) & (theta_g < 1) & (P_g > 0) & (Q_g > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a_G = x1_g / (theta_g * Q_g)
+                b_G = (x_g - x1_g) / ((1.0 - theta_g) * Q_g)
+                lam_G = x_g / P_g
+                spread = both & (b_G <= lam_G * lo_g) & (lam_G * hi_g <= a_G) & (a_G > b_G)
+            straddle = (n_g >= 2) & ~spread & (w > lo_g) & (w < hi_g)
+            if counted or not straddle[gw].any():
+                break
+            # a whole bucket might straddle: count the tokens of the buckets (a single token cannot)
+            n_b = np.bincount(gid, minlength=nb)
+            counted = True
+            n_g[gw] = n_b[whole]
         # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
         with np.errstate(invalid="ignore"):
-            loss = np.where(straddle, Q_b * (hi - w_b), 0.0)
+            loss = np.where(straddle, Q_g * (hi_g - w), 0.0)
         cheap = np.flatnonzero(straddle)[np.argsort(loss[straddle])]
         cheap = cheap[np.cumsum(loss[cheap]) <= SPLIT_TOLERANCE]
+        left = straddle.copy()  # straddling groups, including those left whole
         straddle[cheap] = False
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
-        split |= straddle
+        # straddling whole buckets: all their tokens single; straddling sub-buckets: theirs
+        wb = np.zeros(nb, dtype=bool)
+        wb[whole] = straddle[gw]
+        if wb.any() and st is None:  # no bucket split so far: sub-buckets of the bucket's own size
+            fshift, f_lo, f_hi = shift, lo_code, hi_code
+        split |= wb
+        every |= wb
+        if gr.rg.size:
+            single_fc = np.union1d(single_fc, rf.f[straddle[gr.rg] & (rf.n >= 2)])
     # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
-    # or, where the group spreads (whole buckets only), theta_i = (lambda r_i - b)/(a - b)
+    # or, where the group spreads, theta_i = (lambda r_i - b)/(a - b)
     t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
-    sp = spread[whole]
-    gs = gw[sp]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t1[gs] = (lam_G / (a_G - b_G))[sp]
-        t0[gs] = (-b_G / (a_G - b_G))[sp]
-    x0[gs], xd[gs] = b_G[sp], (a_G - b_G)[sp]
+        t1[spread] = (lam_G / (a_G - b_G))[spread]
+        t0[spread] = (-b_G / (a_G - b_G))[spread]
+    x0[spread], xd[spread] = b_G[spread], (a_G - b_G)[spread]
     comp = np.zeros(G + 1)
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    grp_asc = np.empty_like(split_grp)
-    grp_asc[perm] = split_grp  # the split tokens' groups in ascending token order (split_tok = asc)
+    asc = rf.asc
+    grp_sorted = np.repeat(gr.rg, rf.n)  # group of each refined token, in `rf.idx` order
+    grp_asc = np.empty_like(grp_sorted)
+    grp_asc[rf.order] = grp_sorted  # in ascending token order (split_tok = asc)
+    base = np.minimum(base, G - 1)  # (buckets without mass: their tokens, if any, have p = q = 0)
     out = Rule(pl, ql, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
     # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
     acc_g = np.minimum(x_g, P_g)
-    left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
     acc = float(acc_g.sum())
     if left.any():
-        tok = _tokens_in(gid, left)
+        lb = np.zeros(nb, dtype=bool)
+        lb[whole] = left[gw]
+        tok = _tokens_in(gid, lb) if lb.any() else np.zeros(0, dtype=np.int64)
+        tok = np.concatenate([tok, rf.idx[left[grp_sorted]]])
         x_t = out.at(tok)[3]
-        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[base[left]].sum())
+        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[left].sum())
     return dataclasses.replace(out, acceptance=acc)
 
 
