@@ -138,7 +138,7 @@ one group layout, and O(k) for the race and the accept test; the O(V) residual
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,8 +231,8 @@ RATIO_RANGE = 60
 REFINE_ROUNDS = 4
 """Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
 
-FINE_BITS_MAX = 10
-"""At most ``2**FINE_BITS_MAX`` sub-buckets per split bucket (see :func:`_fine_bits`)."""
+FINE_BITS = 5
+"""Sub-buckets per bucket: ``2**FINE_BITS``; the buckets around the cut are raced as their sub-buckets."""
 
 SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
@@ -319,9 +319,9 @@ class Rule:
 
     target_law: Scaled  # the normalised target, evaluated where asked
     draft_law: Scaled  # the normalised draft
-    gid: np.ndarray  # [V] ratio bucket of each token
-    base: np.ndarray  # [buckets] group of each whole bucket
-    split_tok: np.ndarray  # [m] tokens of split buckets, ascending
+    gid: np.ndarray  # [V] ratio sub-bucket of each token
+    base: np.ndarray  # [sub-buckets] group of each sub-bucket (its bucket's where raced whole)
+    split_tok: np.ndarray  # [m] tokens raced alone, ascending
     split_grp: np.ndarray  # [m] their groups
     t1: np.ndarray  # [G] theta_i = clip(t1 r_i + t0, 0, 1)
     t0: np.ndarray
@@ -329,8 +329,18 @@ class Rule:
     xd: np.ndarray
     key1: np.ndarray  # [G] race key in pass 1 (smaller wins)
     key2: np.ndarray  # [G] race key in pass 2
-    acceptance: float  # sum min(x, target), from the groups
+    acc_groups: float  # sum of min(x_G, P_G) over the groups not left straddling
     alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+    left: np.ndarray | None = None  # [sub-buckets] those of the groups left straddling; None: none
+
+    @functools.cached_property
+    def acceptance(self) -> float:
+        """``sum min(x, target)``: ``min(x_G, P_G)`` per group, token by token in the groups left
+        straddling (their tokens found over the vocabulary: O(V), so computed when first asked)."""
+        if self.left is None:
+            return self.acc_groups
+        tok = _tokens_in(self.gid, self.left)
+        return self.acc_groups + float(np.minimum(self.at(tok)[3], self.target_law.at(tok)).sum())
 
     @property
     def target(self) -> np.ndarray:
@@ -362,9 +372,27 @@ class Rule:
         theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
         return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
 
+    def selection(self) -> np.ndarray:
+        """``[V]`` the selection law ``x``: ``at()[3]``, the same numbers, with fewer temporaries."""
+        g = self.groups()
+        p, q = self.target_law.at(), self.draft_law.at()
+        if p is self.target_law.raw:
+            p = p.copy()
+        if q.min() > 0:
+            r = np.divide(p, q, out=p)
+        else:
+            r = np.divide(p, np.where(q > 0, q, 1.0), out=p)
+        theta = np.multiply(self.t1[g], r, out=r)
+        theta += self.t0[g]
+        np.clip(theta, 0.0, 1.0, out=theta)
+        x = np.multiply(theta, self.xd[g], out=theta)
+        x += self.x0[g]
+        x *= q
+        return x
+
     def residual(self) -> np.ndarray:
         """``(target - x)_+`` over the vocabulary, unnormalised: O(V)."""
-        return np.maximum(self.target - self.at()[3], 0.0)
+        return np.maximum(self.target - self.selection(), 0.0)
 
     def plan(self) -> Plan:
         """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
@@ -448,11 +476,40 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
-def _fine_bits(n_tokens: int, n_buckets: int) -> int:
-    """Sub-bucket bits for the split buckets: about sqrt(tokens per bucket) sub-buckets, so that
-    sub-buckets and the single tokens of the two split around the cut are about equally many."""
-    per = max(n_tokens / max(n_buckets, 1), 1.0)
-    return int(min(FINE_BITS_MAX, max(0, round(np.log2(per) / 2))))
+def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> np.ndarray:
+    """Sub-bucket id per token: :func:`_ratio_groups` with ``bits + fine`` bits, numbered so that
+    ``id >> fine`` is the token's group (bucket) there; sub-buckets of the lowest and highest
+    buckets hold everything beyond them, as those buckets do. O(V), no sort."""
+    lo_f = ((1023 - RATIO_RANGE) << bits) << fine
+    hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        code = np.divide(p, q).view(np.int64)
+    np.right_shift(code, 52 - bits - fine, out=code)
+    np.clip(code, lo_f, hi_f, out=code)
+    return np.subtract(hi_f, code, out=code)  # 0 .. (buckets << fine) - 1, descending ratio
+
+
+def _bin_bounds(f: np.ndarray, bits: int, fine: int):
+    """Ratio bounds ``[lo, hi)`` of the sub-buckets ``f`` (ids of :func:`_ratio_bins`)."""
+    hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
+    code = hi_f - f
+    shift = 52 - bits - fine
+    lo = (code << shift).view(np.float64)
+    hi = ((code + 1) << shift).view(np.float64)
+    lo[code == ((1023 - RATIO_RANGE) << bits) << fine] = 0.0  # the lowest holds everything below
+    hi[f == 0] = np.inf  # the highest everything above
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=64)
+def _bucket_bounds(bits: int, fine: int, nb: int):
+    """Ratio bounds ``[lo, hi)`` of the first ``nb`` buckets (those of their lowest and highest
+    sub-buckets), read-only."""
+    f = np.arange(nb) * (1 << fine)
+    lo = _bin_bounds(f + (1 << fine) - 1, bits, fine)[0]
+    hi = _bin_bounds(f, bits, fine)[1]
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi
 
 
 def _best_cut(P_g: np.ndarray, Q_g: np.ndarray, k: int) -> int:
@@ -463,122 +520,6 @@ def _best_cut(P_g: np.ndarray, Q_g: np.ndarray, k: int) -> int:
     return j if gain[j] > 0 else -1
 
 
-@dataclass
-class _Refined:
-    """The tokens of the split buckets grouped: ``asc`` ascending, ``order`` into ratio order
-    (``idx = asc[order]``); per refined group (consecutive in ``idx``): tokens ``n``, bucket ``b``,
-    masses ``P``, ``Q``, sub-bucket code ``f`` and ratio bounds ``[lo, hi)``."""
-
-    asc: np.ndarray
-    order: np.ndarray
-    idx: np.ndarray
-    n: np.ndarray
-    b: np.ndarray
-    P: np.ndarray
-    Q: np.ndarray
-    f: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-
-
-@dataclass
-class _SplitTokens:
-    """Per token of the split buckets (ascending): its laws, the ratio's bits ``code``, its bucket
-    ``g``, sub-bucket code ``fc`` and sub-bucket index ``fidx`` (ratio order over the split buckets),
-    and the stable order by ``fidx``."""
-
-    split: np.ndarray
-    asc: np.ndarray
-    p: np.ndarray
-    q: np.ndarray
-    code: np.ndarray
-    g: np.ndarray
-    fc: np.ndarray
-    fidx: np.ndarray
-    by_fine: np.ndarray
-
-
-def _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi, asc=None) -> _SplitTokens:
-    """The tokens of the split buckets and their sub-buckets (the ratio's top ``bits + fine`` bits)."""
-    asc = _tokens_in(gid, split) if asc is None else asc  # ascending
-    p_t, q_t = pl.at(asc), ql.at(asc)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        code = np.divide(p_t, q_t).view(np.int64)  # the ratio's bits, as in _ratio_groups
-    fc = np.clip(code >> fshift, f_lo, f_hi)  # sub-bucket code (descending = ratio order)
-    g_t = gid[asc]
-    rank = np.cumsum(split) - 1
-    fidx = (rank[g_t] << fine) + (((hi_code + 1 - g_t) << fine) - 1 - fc)
-    by_fine = np.argsort(fidx.astype(np.int16) if fidx.size and fidx.max() < 2**15 else fidx, kind="stable")
-    return _SplitTokens(split.copy(), asc, p_t, q_t, code, g_t, fc, fidx, by_fine)
-
-
-def _refined(st: _SplitTokens, every, single_fc, fshift, f_lo, f_hi) -> _Refined:
-    """Group the tokens of the split buckets: by sub-bucket, single tokens (in ratio order, ties in
-    index order) in the sub-buckets listed in ``single_fc`` and in the buckets marked ``every``."""
-    sing = every[st.g]
-    if single_fc.size:
-        sing |= np.isin(st.fc, single_fc)
-    order = st.by_fine
-    if sing.any():  # single tokens in ratio order inside their sub-bucket (ties: index order)
-        s = order[sing[order]]
-        s = s[np.lexsort((-st.code[s], st.fidx[s]))]
-        order = order.copy()
-        order[sing[order]] = s
-    idx = st.asc[order]
-    fcs = st.fc[order]
-    start = np.empty(idx.size, dtype=bool)
-    start[:1] = True
-    np.not_equal(fcs[1:], fcs[:-1], out=start[1:])
-    start |= sing[order]
-    starts = np.flatnonzero(start)
-    n = np.diff(starts, append=idx.size)
-    f = fcs[starts]
-    lo = (f << fshift).view(np.float64)
-    lo[f == f_lo] = 0.0
-    hi = ((f + 1) << fshift).view(np.float64)
-    hi[f == f_hi] = np.inf
-    P = np.add.reduceat(st.p[order], starts)
-    Q = np.add.reduceat(st.q[order], starts)
-    return _Refined(st.asc, order, idx, n, st.g[order][starts], P, Q, f, lo, hi)
-
-
-_NO_REFINED = _Refined(*([np.zeros(0, dtype=np.int64)] * 5), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
-
-
-@dataclass
-class _Groups:
-    """The groups in ratio order: masses ``P``, ``Q``, ratio bounds ``[lo, hi)``, tokens ``n``;
-    ``base``: group of each whole bucket (``gw = base[whole]``), ``rg``: group of each refined group."""
-
-    P: np.ndarray
-    Q: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    n: np.ndarray
-    G: int
-    base: np.ndarray
-    gw: np.ndarray
-    whole: np.ndarray
-    rg: np.ndarray
-
-
-def _assemble(split, nonempty, n_b, P_b, Q_b, lo, hi, rf: _Refined) -> _Groups:
-    """Whole buckets and refined groups, in ratio order."""
-    nb = lo.size
-    cnt = np.bincount(rf.b, minlength=nb)
-    size = np.where(split, cnt, nonempty)  # groups each bucket becomes
-    base = np.cumsum(size) - size
-    G = int(base[-1] + size[-1])
-    whole = nonempty & ~split
-    gw = base[whole]
-    rg = base[rf.b] + np.arange(rf.b.size) - (np.cumsum(cnt) - cnt)[rf.b]
-    P_g, Q_g, lo_g, hi_g = np.empty(G), np.empty(G), np.empty(G), np.empty(G)
-    n_g = np.empty(G, dtype=np.int64)
-    P_g[gw], Q_g[gw], lo_g[gw], hi_g[gw], n_g[gw] = P_b[whole], Q_b[whole], lo[whole], hi[whole], n_b[whole]
-    P_g[rg], Q_g[rg], lo_g[rg], hi_g[rg], n_g[rg] = rf.P, rf.Q, rf.lo, rf.hi, rf.n
-    return _Groups(P_g, Q_g, lo_g, hi_g, n_g, G, base, gw, whole, rg)
-
-
 def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, laws=None):
     """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout.
 
@@ -587,70 +528,89 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     which the rule keeps and reads token by token afterwards instead of ``p``, ``q``.
 
     Groups, in ratio order: each whole bucket; the buckets around the best cut between whole
-    buckets (*split* buckets) cut into ``2**-(bits + fine)`` octave sub-buckets, and the sub-buckets
-    around the best cut between those (and, in later rounds, straddling groups) into single tokens.
+    buckets (*split* buckets) as their ``2**FINE_BITS`` sub-buckets, and the sub-buckets around
+    the best cut between those (and, in later rounds, straddling groups) as single tokens.
     """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
     if not 0 <= bits <= 20:
         raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    fine = FINE_BITS
+    per = 1 << fine
     pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
-    gid, lo, hi = _ratio_groups(p, q, bits)
-    nb = lo.size
-    P_b = np.bincount(gid, weights=p, minlength=nb)
-    Q_b = np.bincount(gid, weights=q, minlength=nb)
+    fid = _ratio_bins(p, q, bits, fine)  # [V] sub-bucket of each token; its bucket is fid >> fine
+    nb = (int(fid.max()) >> fine) + 1  # buckets up to the last one used
+    nf = nb * per
+    P_f = np.bincount(fid, weights=p, minlength=nf)  # [nf] mass per sub-bucket
+    Q_f = np.bincount(fid, weights=q, minlength=nf)
     del p, q  # from here on the laws are read at a few tokens only
-    # tokens per bucket, counted only where it matters (a whole bucket that might straddle): until
-    # then every bucket with mass counts as two or more. Buckets of tokens with p = q = 0 only (their
-    # ratio nan) have no group: their tokens take a neighbour's, where they are never selected
+    starts = np.arange(0, nf, per)
+    P_b, Q_b = np.add.reduceat(P_f, starts), np.add.reduceat(Q_f, starts)  # [nb] mass per bucket
+    b_lo, b_hi = _bucket_bounds(bits, fine, nb)
+    # tokens per (sub-)bucket, counted only where it matters (a group that might straddle): until
+    # then every (sub-)bucket with mass counts as two or more. (Sub-)buckets holding only tokens
+    # with p = q = 0 (ratio nan) have no group: their tokens take a neighbour's, never selected.
     nonempty = (P_b > 0) | (Q_b > 0)
-    n_b = np.where(nonempty, 2, 0)
-    counted = False
-    split = np.zeros(nb, dtype=bool)  # buckets whose tokens are grouped finer (listed in split_tok)
-    every = np.zeros(nb, dtype=bool)  # split buckets whose tokens are all single
-    single_fc = np.zeros(0, dtype=np.int64)  # sub-buckets whose tokens are single
+    n_f = None
+    split = np.zeros(nb, dtype=bool)  # buckets raced as their sub-buckets
+    single = np.zeros(nf, dtype=bool)  # sub-buckets (of split buckets) raced as single tokens
     # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
-    # (these are the groups that straddle): split them from the start, saving a round
+    # (these are the groups that straddle): split them from the start, and inside them the two
+    # sub-buckets around the best cut between sub-buckets, saving rounds
     filled = np.flatnonzero(nonempty)
     j = _best_cut(P_b[filled], Q_b[filled], k) if REFINE_ROUNDS > 0 else -1
     if j >= 0:
-        split[filled[j : j + 2]] = True
-    shift = 52 - bits
-    hi_code = (1023 + RATIO_RANGE) << bits
-    lo_code = (1023 - RATIO_RANGE) << bits
-    fine = fshift = f_lo = f_hi = 0
-    st = None
-    if split.any():
-        asc = _tokens_in(gid, split)
-        fine = _fine_bits(asc.size, int(split.sum()))
-        fshift = shift - fine
-        f_lo, f_hi = lo_code << fine, ((hi_code + 1) << fine) - 1
-        st = _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi, asc)
-        # and, inside them, the sub-buckets around the best cut between sub-buckets and whole buckets
-        nf = int(split.sum()) << fine
-        cnt_f = np.bincount(st.fidx, minlength=nf)
-        size = np.where(split, 1 << fine, nonempty)
-        base = np.cumsum(size) - size
-        whole = nonempty & ~split
-        slot = (base[split][:, None] + np.arange(1 << fine)).ravel()  # sub-bucket fidx's place
-        P_c, Q_c = np.zeros(int(base[-1] + size[-1])), np.zeros(int(base[-1] + size[-1]))
-        P_c[base[whole]], Q_c[base[whole]] = P_b[whole], Q_b[whole]
-        P_c[slot] = np.bincount(st.fidx, weights=st.p, minlength=nf)
-        Q_c[slot] = np.bincount(st.fidx, weights=st.q, minlength=nf)
-        jc = _best_cut(P_c, Q_c, k)
+        around = filled[j : j + 2]
+        split[around] = True
+        # the cuts between sub-buckets: the buckets before and after them each taken as one group
+        # (buckets between the two split ones are empty)
+        sf = _sub_buckets(split, per)
+        a, b = around[0], around[-1] + 1
+        P_c = np.concatenate([[P_b[:a].sum()], P_f[sf], [P_b[b:].sum()]])
+        Q_c = np.concatenate([[Q_b[:a].sum()], Q_f[sf], [Q_b[b:].sum()]])
+        jc = _best_cut(P_c, Q_c, k)  # the cut after P_c[jc]: the sub-buckets jc - 1 and jc around it
         if jc >= 0:
-            fid = np.full(P_c.size, -1)
-            fid[slot] = np.arange(nf)
-            near = fid[jc : jc + 2]
-            near = near[near >= 0]
-            near = near[cnt_f[near] >= 2]
-            if near.size:
-                single_fc = np.unique(st.fc[np.isin(st.fidx, near)])
+            near = np.arange(jc - 1, jc + 1)
+            single[sf[near[(near >= 0) & (near < sf.size)]]] = True
+    tok = np.zeros(0, dtype=np.int64)
+    P_t = Q_t = np.zeros(0)
+    marked = np.zeros(nf, dtype=bool)  # the sub-buckets whose tokens `tok` holds
     for round_ in range(REFINE_ROUNDS + 1):
-        if split.any() and (st is None or not np.array_equal(st.split, split)):
-            st = _split_tokens(gid, split, pl, ql, fine, fshift, hi_code, f_lo, f_hi)
-        rf = _refined(st, every, single_fc, fshift, f_lo, f_hi) if split.any() else _NO_REFINED
-        gr = _assemble(split, nonempty, n_b, P_b, Q_b, lo, hi, rf)
-        P_g, Q_g, lo_g, hi_g, n_g, G, base, gw, whole = gr.P, gr.Q, gr.lo, gr.hi, gr.n, gr.G, gr.base, gr.gw, gr.whole
+        sf = _sub_buckets(split, per)  # [m] the sub-buckets of the split buckets, in ratio order
+        sing = single[sf]
+        if not np.array_equal(marked, single):  # the single tokens, in ratio order within sub-buckets
+            marked = single.copy()
+            tok = _tokens_in(fid, single)  # ascending
+            with np.errstate(divide="ignore", invalid="ignore"):
+                code_t = np.divide(pl.at(tok), ql.at(tok)).view(np.int64)
+            tok = tok[np.lexsort((-code_t, fid[tok]))]  # ties: ascending token
+            P_t, Q_t = pl.at(tok), ql.at(tok)
+        keep = sf[~sing & ((P_f[sf] > 0) | (Q_f[sf] > 0))]  # sub-buckets raced whole
+        # the units inside split buckets, in ratio order: whole sub-buckets and single tokens
+        u_f = np.concatenate([keep, fid[tok]])
+        u_r = np.concatenate([np.full(keep.size, -1), np.arange(tok.size)])
+        u = np.lexsort((u_r, u_f))
+        u_f, u_r = u_f[u], u_r[u]
+        u_b = u_f >> fine
+        is_t = u_r >= 0
+        n_u = np.ones(u.size, dtype=np.int64)
+        n_u[~is_t] = 2 if n_f is None else n_f[u_f[~is_t]]
+        P_u, Q_u = np.empty(u.size), np.empty(u.size)
+        P_u[~is_t], Q_u[~is_t] = P_f[u_f[~is_t]], Q_f[u_f[~is_t]]
+        P_u[is_t], Q_u[is_t] = P_t[u_r[is_t]], Q_t[u_r[is_t]]
+        lo_u, hi_u = _bin_bounds(u_f, bits, fine)
+        # all groups: whole buckets and the units of split buckets
+        cnt = np.bincount(u_b, minlength=nb)
+        size = np.where(split, cnt, nonempty)
+        base = np.cumsum(size) - size
+        G = int(base[-1] + size[-1])
+        whole = nonempty & ~split
+        gw = base[whole]
+        ug = base[u_b] + np.arange(u.size) - (np.cumsum(cnt) - cnt)[u_b]  # group of each unit
+        P_g, Q_g, lo_g, hi_g = np.empty(G), np.empty(G), np.empty(G), np.empty(G)
+        n_g = np.empty(G, dtype=np.int64)
+        n_g[gw] = 2 if n_f is None else np.add.reduceat(n_f, starts)[whole]
+        P_g[gw], Q_g[gw], lo_g[gw], hi_g[gw] = P_b[whole], Q_b[whole], b_lo[whole], b_hi[whole]
+        P_g[ug], Q_g[ug], lo_g[ug], hi_g[ug], n_g[ug] = P_u, Q_u, lo_u, hi_u, n_u
         x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
@@ -664,12 +624,12 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
                 lam_G = x_g / P_g
                 spread = both & (b_G <= lam_G * lo_g) & (lam_G * hi_g <= a_G) & (a_G > b_G)
             straddle = (n_g >= 2) & ~spread & (w > lo_g) & (w < hi_g)
-            if counted or not straddle[gw].any():
+            if n_f is not None or not straddle.any():
                 break
-            # a whole bucket might straddle: count the tokens of the buckets (a single token cannot)
-            n_b = np.bincount(gid, minlength=nb)
-            counted = True
-            n_g[gw] = n_b[whole]
+            # a group might straddle: count the tokens of the (sub-)buckets (one token cannot)
+            n_f = np.bincount(fid, minlength=nf)
+            n_g[gw] = np.add.reduceat(n_f, starts)[whole]
+            n_g[ug[~is_t]] = n_f[u_f[~is_t]]
         # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
         with np.errstate(invalid="ignore"):
             loss = np.where(straddle, Q_g * (hi_g - w), 0.0)
@@ -682,12 +642,9 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
         # straddling whole buckets: all their tokens single; straddling sub-buckets: theirs
         wb = np.zeros(nb, dtype=bool)
         wb[whole] = straddle[gw]
-        if wb.any() and st is None:  # no bucket split so far: sub-buckets of the bucket's own size
-            fshift, f_lo, f_hi = shift, lo_code, hi_code
         split |= wb
-        every |= wb
-        if gr.rg.size:
-            single_fc = np.union1d(single_fc, rf.f[straddle[gr.rg] & (rf.n >= 2)])
+        single.reshape(nb, per)[wb] = True
+        single[u_f[~is_t & straddle[ug]]] = True
     # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
     # or, where the group spreads, theta_i = (lambda r_i - b)/(a - b)
     t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
@@ -699,24 +656,27 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    asc = rf.asc
-    grp_sorted = np.repeat(gr.rg, rf.n)  # group of each refined token, in `rf.idx` order
-    grp_asc = np.empty_like(grp_sorted)
-    grp_asc[rf.order] = grp_sorted  # in ascending token order (split_tok = asc)
-    base = np.minimum(base, G - 1)  # (buckets without mass: their tokens, if any, have p = q = 0)
-    out = Rule(pl, ql, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    # group of each sub-bucket (a whole bucket's for all of its own; sub-buckets and buckets without
+    # mass: a neighbour's, their tokens having p = q = 0), and of each single token
+    base_f = np.repeat(np.minimum(base, G - 1), per)
+    base_f[u_f[~is_t]] = ug[~is_t]
+    perm = np.argsort(tok)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
-    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
+    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token, lazily
     acc_g = np.minimum(x_g, P_g)
-    acc = float(acc_g.sum())
+    lf = None
     if left.any():
-        lb = np.zeros(nb, dtype=bool)
-        lb[whole] = left[gw]
-        tok = _tokens_in(gid, lb) if lb.any() else np.zeros(0, dtype=np.int64)
-        tok = np.concatenate([tok, rf.idx[left[grp_sorted]]])
-        x_t = out.at(tok)[3]
-        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[left].sum())
-    return dataclasses.replace(out, acceptance=acc)
+        lf = np.zeros(nf, dtype=bool)
+        lf.reshape(nb, per)[whole] = left[gw][:, None]
+        lf[u_f[~is_t]] = left[ug[~is_t]]
+        acc_g = acc_g[~left]
+    return Rule(pl, ql, fid, base_f, tok[perm], ug[is_t][perm] if tok.size else tok, t1, t0, x0, xd,
+                key1_g, key2_g, float(acc_g.sum()), alpha_g, lf)
+
+
+def _sub_buckets(split: np.ndarray, per: int) -> np.ndarray:
+    """The sub-buckets of the split buckets, in ratio order."""
+    return (np.flatnonzero(split)[:, None] * per + np.arange(per)).ravel()
 
 
 def build_tokens(target, draft, k: int) -> Plan:
