@@ -573,17 +573,22 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
             single[sf[near[(near >= 0) & (near < sf.size)]]] = True
     tok = np.zeros(0, dtype=np.int64)
     P_t = Q_t = np.zeros(0)
-    marked = np.zeros(nf, dtype=bool)  # the sub-buckets whose tokens `tok` holds
+    n_single = -1  # the number of sub-buckets whose tokens `tok` holds (only ever grows)
     for round_ in range(REFINE_ROUNDS + 1):
         sf = _sub_buckets(split, per)  # [m] the sub-buckets of the split buckets, in ratio order
         sing = single[sf]
-        if not np.array_equal(marked, single):  # the single tokens, in ratio order within sub-buckets
-            marked = single.copy()
-            tok = _tokens_in(fid, single)  # ascending
-            with np.errstate(divide="ignore", invalid="ignore"):
-                code_t = np.divide(pl.at(tok), ql.at(tok)).view(np.int64)
-            tok = tok[np.lexsort((-code_t, fid[tok]))]  # ties: ascending token
+        ids = np.flatnonzero(single)
+        if ids.size != n_single:  # the single tokens, in ratio order within sub-buckets
+            n_single = ids.size
+            if ids.size == 2 and ids[1] == ids[0] + 1:  # two neighbours: one range test
+                tok = np.flatnonzero((fid - ids[0]).view(np.uint64) <= 1)  # (ascending)
+            else:
+                tok = _tokens_in(fid, single)
             P_t, Q_t = pl.at(tok), ql.at(tok)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                code_t = np.divide(P_t, Q_t).view(np.int64)
+            o = np.lexsort((-code_t, fid[tok]))  # ties: ascending token
+            tok, P_t, Q_t = tok[o], P_t[o], Q_t[o]
         keep = sf[~sing & ((P_f[sf] > 0) | (Q_f[sf] > 0))]  # sub-buckets raced whole
         # the units inside split buckets, in ratio order: whole sub-buckets and single tokens
         u_f = np.concatenate([keep, fid[tok]])
