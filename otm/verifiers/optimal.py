@@ -101,12 +101,14 @@ V = 49152. The rule that :func:`sample`, :func:`law`, :func:`bind` and
 :func:`otm.torch.optimal` use, :func:`rule` (and :func:`build`, its arrays over the
 vocabulary), races *groups* of tokens instead:
 
-1. tokens are cut into ratio slices of ``2**-GROUP_BITS`` octave read from the
-   floats' bits (no sort over the vocabulary); the two slices around the best cut
-   between whole slices hold the optimal cut :math:`H^*` and are split into single
-   tokens from the start;
+1. tokens are cut into ratio slices (*buckets*) of ``2**-GROUP_BITS`` octave, and
+   each bucket into ``2**FINE_BITS`` *sub-buckets*, read from the floats' bits (no sort
+   over the vocabulary; one weighted bincount per law); the two buckets around the
+   best cut between whole buckets hold the optimal cut :math:`H^*` and are raced as
+   their sub-buckets, and the two sub-buckets around the best cut between those as
+   single tokens, from the start;
 2. the layered two-pass race above is built on the groups (each a "token" of target
-   mass :math:`P_G` and draft mass :math:`Q_G`; about 100-3000 groups at V = 49152);
+   mass :math:`P_G` and draft mass :math:`Q_G`; about 150-350 groups at V = 49152);
 3. inside a group, each draft position takes its group's pass-1 key with
    probability :math:`\theta_i`, else the pass-2 key, and ties go to the first
    position. Given the groups and passes of all positions (which decide the winning
@@ -119,7 +121,8 @@ vocabulary), races *groups* of tokens instead:
    b_G)/(a_G - b_G)` gives :math:`x_i = \lambda_G p_i` (:math:`\lambda_G = x_G / P_G`),
    and the constraint :math:`\sum_i q_i \theta_i = \Theta_G` holds by construction;
 4. a group whose tokens lie on both sides of :math:`x_i = p_i` (a *straddling* group)
-   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`).
+   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`);
+   a whole bucket's tokens are counted only then (one token cannot straddle).
 
 The law is exact whatever the groups (step 3); the acceptance is
 :math:`\sum_G \min(x_G, P_G)` when nothing straddles, which equals the optimum over
@@ -127,7 +130,8 @@ group-closed cuts, :math:`\alpha_G \ge \alpha^*`, and so is :math:`\alpha^*` its
 ``Plan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
 sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap below
 1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
-group layout. Per position: O(V) passes (the ratio's bits, three weighted bincounts),
+group layout. Per position: O(V) passes (the ratio's bits, two weighted bincounts, the
+tokens of the two single sub-buckets),
 one group layout, and O(k) for the race and the accept test; the O(V) residual
 :math:`(p - x)_+` only after a rejection (:class:`Rule` evaluates lazily). Times:
 ``docs/torch_verifiers.md``.
@@ -260,31 +264,6 @@ def _tokens_in(gid: np.ndarray, buckets: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
-    """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
-
-    A group is a ``2**-bits`` octave slice of the ratio :math:`p/q`, read from the float64 bit
-    pattern (monotone in the value for positive floats), so groups are consecutive in the ratio
-    order and finding them needs no sort: O(V). Ratios above ``2**RATIO_RANGE`` (with ``q = 0``)
-    share group 0, ratios below ``2**-RATIO_RANGE`` (with ``p = 0``) the last group; ``p = q = 0``
-    tokens go to group 0, where they are never selected.
-    """
-    shift = 52 - bits
-    lo_code = (1023 - RATIO_RANGE) << bits
-    hi_code = (1023 + RATIO_RANGE) << bits
-    with np.errstate(divide="ignore", invalid="ignore"):
-        code = np.divide(p, q).view(np.int64)
-    np.right_shift(code, shift, out=code)  # +inf and nan above hi_code, 0 below lo_code
-    np.clip(code, lo_code, hi_code, out=code)
-    gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
-    codes = hi_code - np.arange(hi_code - lo_code + 1)
-    lo = (codes << shift).view(np.float64)
-    hi = ((codes + 1) << shift).view(np.float64)
-    lo[-1] = 0.0  # the lowest group holds everything below its top
-    hi[0] = np.inf  # the highest everything above its bottom
-    return gid, lo, hi
-
-
 @dataclass(frozen=True)
 class Scaled:
     """A law kept as ``raw / total``, evaluated in float64 where asked.
@@ -409,8 +388,9 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
 def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
     r"""The selection rule for one position, racing groups of tokens of nearly equal ratio.
 
-    Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` per
-    octave of :math:`p/q`, :func:`_ratio_groups`: no sort); the layered two-pass race of
+    Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` buckets per
+    octave of :math:`p/q`, each of ``2**FINE_BITS`` sub-buckets, :func:`_ratio_bins`: no sort;
+    steps 1 and 4 of the module docstring say which are raced whole); the layered two-pass race of
     the module docstring is built on the groups as if each were one token of target mass
     :math:`P_G = p(G)` and draft mass :math:`Q_G = q(G)`, giving the group selection law
     :math:`x_G`. Each draft position gets its group's pass and key; the smallest key wins,
@@ -477,9 +457,15 @@ def _drive(steps, k: int) -> list[Rule]:
 
 
 def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> np.ndarray:
-    """Sub-bucket id per token: :func:`_ratio_groups` with ``bits + fine`` bits, numbered so that
-    ``id >> fine`` is the token's group (bucket) there; sub-buckets of the lowest and highest
-    buckets hold everything beyond them, as those buckets do. O(V), no sort."""
+    """Sub-bucket id per token (0 = largest ratio); its bucket is ``id >> fine``.
+
+    A bucket is a ``2**-bits`` octave slice of the ratio :math:`p/q`, a sub-bucket a ``2**-fine``
+    part of it, read from the float64 bit pattern (monotone in the value for positive floats),
+    so (sub-)buckets are consecutive in the ratio order and finding them needs no sort: O(V).
+    Ratios above ``2**RATIO_RANGE`` (with ``q = 0``) share the highest sub-bucket, ratios below
+    ``2**-RATIO_RANGE`` (with ``p = 0``) the lowest; ``p = q = 0`` tokens (ratio nan) go to one
+    of the two, where they are never selected.
+    """
     lo_f = ((1023 - RATIO_RANGE) << bits) << fine
     hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
     with np.errstate(divide="ignore", invalid="ignore"):
