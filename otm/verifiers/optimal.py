@@ -235,6 +235,10 @@ RATIO_RANGE = 60
 REFINE_ROUNDS = 4
 """Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
 
+MAX_GROUP_BITS = 10
+"""Largest ``group_bits`` accepted: the sub-bucket masses are arrays over the ratio range,
+``(2 RATIO_RANGE + 1) 2**(group_bits + FINE_BITS)`` entries at most (4M at 10 bits)."""
+
 FINE_BITS = 5
 """Sub-buckets per bucket: ``2**FINE_BITS``; the buckets around the cut are raced as their sub-buckets."""
 
@@ -518,8 +522,8 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     the best cut between those (and, in later rounds, straddling groups) as single tokens.
     """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
-    if not 0 <= bits <= 20:
-        raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    if not 0 <= bits <= MAX_GROUP_BITS:
+        raise OtmError(f"group_bits must be in 0..{MAX_GROUP_BITS}, got {group_bits}")
     fine = FINE_BITS
     per = 1 << fine
     pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
