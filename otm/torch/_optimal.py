@@ -125,7 +125,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
         target_d[r] = rl.target_law.at(d[r])
 
     def laws(rows):
-        return np.stack([rules[r].target for r in rows]), np.stack([rules[r].at()[3] for r in rows])
+        return np.stack([rules[r].target for r in rows]), np.stack([rules[r].selection() for r in rows])
 
     return theta_d, key1_d, key2_d, target_d, x_d, laws
 

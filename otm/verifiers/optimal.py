@@ -101,12 +101,14 @@ V = 49152. The rule that :func:`sample`, :func:`law`, :func:`bind` and
 :func:`otm.torch.optimal` use, :func:`rule` (and :func:`build`, its arrays over the
 vocabulary), races *groups* of tokens instead:
 
-1. tokens are cut into ratio slices of ``2**-GROUP_BITS`` octave read from the
-   floats' bits (no sort over the vocabulary); the two slices around the best cut
-   between whole slices hold the optimal cut :math:`H^*` and are split into single
-   tokens from the start;
+1. tokens are cut into ratio slices (*buckets*) of ``2**-GROUP_BITS`` octave, and
+   each bucket into ``2**FINE_BITS`` *sub-buckets*, read from the floats' bits (no sort
+   over the vocabulary; one weighted bincount per law); the two buckets around the
+   best cut between whole buckets hold the optimal cut :math:`H^*` and are raced as
+   their sub-buckets, and the two sub-buckets around the best cut between those as
+   single tokens, from the start;
 2. the layered two-pass race above is built on the groups (each a "token" of target
-   mass :math:`P_G` and draft mass :math:`Q_G`; about 100-3000 groups at V = 49152);
+   mass :math:`P_G` and draft mass :math:`Q_G`; about 150-350 groups at V = 49152);
 3. inside a group, each draft position takes its group's pass-1 key with
    probability :math:`\theta_i`, else the pass-2 key, and ties go to the first
    position. Given the groups and passes of all positions (which decide the winning
@@ -119,7 +121,8 @@ vocabulary), races *groups* of tokens instead:
    b_G)/(a_G - b_G)` gives :math:`x_i = \lambda_G p_i` (:math:`\lambda_G = x_G / P_G`),
    and the constraint :math:`\sum_i q_i \theta_i = \Theta_G` holds by construction;
 4. a group whose tokens lie on both sides of :math:`x_i = p_i` (a *straddling* group)
-   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`).
+   is split into single tokens and the layout redone (up to :data:`REFINE_ROUNDS`);
+   a whole bucket's tokens are counted only then (one token cannot straddle).
 
 The law is exact whatever the groups (step 3); the acceptance is
 :math:`\sum_G \min(x_G, P_G)` when nothing straddles, which equals the optimum over
@@ -127,7 +130,8 @@ group-closed cuts, :math:`\alpha_G \ge \alpha^*`, and so is :math:`\alpha^*` its
 ``Plan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
 sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap below
 1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
-group layout. Per position: O(V) passes (the ratio's bits, three weighted bincounts),
+group layout. Per position: O(V) passes (the ratio's bits, two weighted bincounts, the
+tokens of the two single sub-buckets),
 one group layout, and O(k) for the race and the accept test; the O(V) residual
 :math:`(p - x)_+` only after a rejection (:class:`Rule` evaluates lazily). Times:
 ``docs/torch_verifiers.md``.
@@ -138,7 +142,7 @@ one group layout, and O(k) for the race and the accept test; the O(V) residual
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,6 +235,13 @@ RATIO_RANGE = 60
 REFINE_ROUNDS = 4
 """Rounds of splitting straddling groups into single tokens (see :func:`build`)."""
 
+MAX_GROUP_BITS = 10
+"""Largest ``group_bits`` accepted: the sub-bucket masses are arrays over the ratio range,
+``(2 RATIO_RANGE + 1) 2**(group_bits + FINE_BITS)`` entries at most (4M at 10 bits)."""
+
+FINE_BITS = 5
+"""Sub-buckets per bucket: ``2**FINE_BITS``; the buckets around the cut are raced as their sub-buckets."""
+
 SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
 
@@ -255,31 +266,6 @@ def _tokens_in(gid: np.ndarray, buckets: np.ndarray) -> np.ndarray:
     for b in ids[1:]:
         mask |= gid == b
     return np.flatnonzero(mask)
-
-
-def _ratio_groups(p: np.ndarray, q: np.ndarray, bits: int):
-    """Group id per token (0 = largest ratio) and each group's ratio bounds ``[lo, hi)``.
-
-    A group is a ``2**-bits`` octave slice of the ratio :math:`p/q`, read from the float64 bit
-    pattern (monotone in the value for positive floats), so groups are consecutive in the ratio
-    order and finding them needs no sort: O(V). Ratios above ``2**RATIO_RANGE`` (with ``q = 0``)
-    share group 0, ratios below ``2**-RATIO_RANGE`` (with ``p = 0``) the last group; ``p = q = 0``
-    tokens go to group 0, where they are never selected.
-    """
-    shift = 52 - bits
-    lo_code = (1023 - RATIO_RANGE) << bits
-    hi_code = (1023 + RATIO_RANGE) << bits
-    with np.errstate(divide="ignore", invalid="ignore"):
-        code = np.divide(p, q).view(np.int64)
-    np.right_shift(code, shift, out=code)  # +inf and nan above hi_code, 0 below lo_code
-    np.clip(code, lo_code, hi_code, out=code)
-    gid = np.subtract(hi_code, code, out=code)  # 0 .. n_codes - 1, descending ratio
-    codes = hi_code - np.arange(hi_code - lo_code + 1)
-    lo = (codes << shift).view(np.float64)
-    hi = ((codes + 1) << shift).view(np.float64)
-    lo[-1] = 0.0  # the lowest group holds everything below its top
-    hi[0] = np.inf  # the highest everything above its bottom
-    return gid, lo, hi
 
 
 @dataclass(frozen=True)
@@ -316,9 +302,9 @@ class Rule:
 
     target_law: Scaled  # the normalised target, evaluated where asked
     draft_law: Scaled  # the normalised draft
-    gid: np.ndarray  # [V] ratio bucket of each token
-    base: np.ndarray  # [buckets] group of each whole bucket
-    split_tok: np.ndarray  # [m] tokens of split buckets, ascending
+    gid: np.ndarray  # [V] ratio sub-bucket of each token
+    base: np.ndarray  # [sub-buckets] group of each sub-bucket (its bucket's where raced whole)
+    split_tok: np.ndarray  # [m] tokens raced alone, ascending
     split_grp: np.ndarray  # [m] their groups
     t1: np.ndarray  # [G] theta_i = clip(t1 r_i + t0, 0, 1)
     t0: np.ndarray
@@ -326,8 +312,18 @@ class Rule:
     xd: np.ndarray
     key1: np.ndarray  # [G] race key in pass 1 (smaller wins)
     key2: np.ndarray  # [G] race key in pass 2
-    acceptance: float  # sum min(x, target), from the groups
+    acc_groups: float  # sum of min(x_G, P_G) over the groups not left straddling
     alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
+    left: np.ndarray | None = None  # [sub-buckets] those of the groups left straddling; None: none
+
+    @functools.cached_property
+    def acceptance(self) -> float:
+        """``sum min(x, target)``: ``min(x_G, P_G)`` per group, token by token in the groups left
+        straddling (their tokens found over the vocabulary: O(V), so computed when first asked)."""
+        if self.left is None:
+            return self.acc_groups
+        tok = _tokens_in(self.gid, self.left)
+        return self.acc_groups + float(np.minimum(self.at(tok)[3], self.target_law.at(tok)).sum())
 
     @property
     def target(self) -> np.ndarray:
@@ -359,9 +355,27 @@ class Rule:
         theta = np.clip(self.t1[g] * (p / np.where(q > 0, q, 1.0)) + self.t0[g], 0.0, 1.0)
         return theta, self.key1[g], self.key2[g], q * (self.x0[g] + theta * self.xd[g])
 
+    def selection(self) -> np.ndarray:
+        """``[V]`` the selection law ``x``: ``at()[3]``, the same numbers, with fewer temporaries."""
+        g = self.groups()
+        p, q = self.target_law.at(), self.draft_law.at()
+        if p is self.target_law.raw:
+            p = p.copy()
+        if q.min() > 0:
+            r = np.divide(p, q, out=p)
+        else:
+            r = np.divide(p, np.where(q > 0, q, 1.0), out=p)
+        theta = np.multiply(self.t1[g], r, out=r)
+        theta += self.t0[g]
+        np.clip(theta, 0.0, 1.0, out=theta)
+        x = np.multiply(theta, self.xd[g], out=theta)
+        x += self.x0[g]
+        x *= q
+        return x
+
     def residual(self) -> np.ndarray:
         """``(target - x)_+`` over the vocabulary, unnormalised: O(V)."""
-        return np.maximum(self.target - self.at()[3], 0.0)
+        return np.maximum(self.target - self.selection(), 0.0)
 
     def plan(self) -> Plan:
         """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
@@ -378,8 +392,9 @@ def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
 def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
     r"""The selection rule for one position, racing groups of tokens of nearly equal ratio.
 
-    Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` per
-    octave of :math:`p/q`, :func:`_ratio_groups`: no sort); the layered two-pass race of
+    Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` buckets per
+    octave of :math:`p/q`, each of ``2**FINE_BITS`` sub-buckets, :func:`_ratio_bins`: no sort;
+    steps 1 and 4 of the module docstring say which are raced whole); the layered two-pass race of
     the module docstring is built on the groups as if each were one token of target mass
     :math:`P_G = p(G)` and draft mass :math:`Q_G = q(G)`, giving the group selection law
     :math:`x_G`. Each draft position gets its group's pass and key; the smallest key wins,
@@ -445,108 +460,218 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
+def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> np.ndarray:
+    """Sub-bucket id per token (0 = largest ratio); its bucket is ``id >> fine``.
+
+    A bucket is a ``2**-bits`` octave slice of the ratio :math:`p/q`, a sub-bucket a ``2**-fine``
+    part of it, read from the float64 bit pattern (monotone in the value for positive floats),
+    so (sub-)buckets are consecutive in the ratio order and finding them needs no sort: O(V).
+    Ratios above ``2**RATIO_RANGE`` (with ``q = 0``) share the highest sub-bucket, ratios below
+    ``2**-RATIO_RANGE`` (with ``p = 0``) the lowest; ``p = q = 0`` tokens (ratio nan) go to one
+    of the two, where they are never selected.
+    """
+    lo_f = ((1023 - RATIO_RANGE) << bits) << fine
+    hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        code = np.divide(p, q).view(np.int64)
+    np.right_shift(code, 52 - bits - fine, out=code)
+    np.clip(code, lo_f, hi_f, out=code)
+    return np.subtract(hi_f, code, out=code)  # 0 .. (buckets << fine) - 1, descending ratio
+
+
+def _bin_bounds(f: np.ndarray, bits: int, fine: int):
+    """Ratio bounds ``[lo, hi)`` of the sub-buckets ``f`` (ids of :func:`_ratio_bins`)."""
+    hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
+    code = hi_f - f
+    shift = 52 - bits - fine
+    lo = (code << shift).view(np.float64)
+    hi = ((code + 1) << shift).view(np.float64)
+    lo[code == ((1023 - RATIO_RANGE) << bits) << fine] = 0.0  # the lowest holds everything below
+    hi[f == 0] = np.inf  # the highest everything above
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=64)
+def _bucket_bounds(bits: int, fine: int, nb: int):
+    """Ratio bounds ``[lo, hi)`` of the first ``nb`` buckets (those of their lowest and highest
+    sub-buckets), read-only."""
+    f = np.arange(nb) * (1 << fine)
+    lo = _bin_bounds(f + (1 << fine) - 1, bits, fine)[0]
+    hi = _bin_bounds(f, bits, fine)[1]
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi
+
+
+def _best_cut(P_g: np.ndarray, Q_g: np.ndarray, k: int) -> int:
+    """Index j of the group boundary (after group j) maximising P_j - g(D_j); -1 when none gains."""
+    after = np.cumsum(Q_g[::-1])[::-1] - Q_g  # draft mass after each group
+    gain = np.cumsum(P_g) - (1.0 - after**k)
+    j = int(np.argmax(gain))
+    return j if gain[j] > 0 else -1
+
+
 def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, laws=None):
     """:func:`_rule` as a generator: yields each round's groups ``(P_g, Q_g)``, receives their layout.
 
     ``p``, ``q``: the normalised float64 laws, read over the vocabulary once, before the first
     layout; ``laws``, optional: the same laws as :class:`Scaled` (the same numbers where evaluated),
     which the rule keeps and reads token by token afterwards instead of ``p``, ``q``.
+
+    Groups, in ratio order: each whole bucket; the buckets around the best cut between whole
+    buckets (*split* buckets) as their ``2**FINE_BITS`` sub-buckets, and the sub-buckets around
+    the best cut between those (and, in later rounds, straddling groups) as single tokens.
     """
     bits = GROUP_BITS if group_bits is None else int(group_bits)
-    if not 0 <= bits <= 20:
-        raise OtmError(f"group_bits must be in 0..20, got {group_bits}")
+    if not 0 <= bits <= MAX_GROUP_BITS:
+        raise OtmError(f"group_bits must be in 0..{MAX_GROUP_BITS}, got {group_bits}")
+    fine = FINE_BITS
+    per = 1 << fine
     pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
-    gid, lo, hi = _ratio_groups(p, q, bits)
-    nb = lo.size
-    n_b = np.bincount(gid, minlength=nb)
-    P_b = np.bincount(gid, weights=p, minlength=nb)
-    Q_b = np.bincount(gid, weights=q, minlength=nb)
+    fid = _ratio_bins(p, q, bits, fine)  # [V] sub-bucket of each token; its bucket is fid >> fine
+    nb = (int(fid.max()) >> fine) + 1  # buckets up to the last one used
+    nf = nb * per
+    P_f = np.bincount(fid, weights=p, minlength=nf)  # [nf] mass per sub-bucket
+    Q_f = np.bincount(fid, weights=q, minlength=nf)
     del p, q  # from here on the laws are read at a few tokens only
-    split = np.zeros(nb, dtype=bool)
-    nonempty = n_b > 0
-    idx = split_grp = asc = perm = np.zeros(0, dtype=np.int64)
+    starts = np.arange(0, nf, per)
+    P_b, Q_b = np.add.reduceat(P_f, starts), np.add.reduceat(Q_f, starts)  # [nb] mass per bucket
+    b_lo, b_hi = _bucket_bounds(bits, fine, nb)
+    # tokens per (sub-)bucket, counted only where it matters (a group that might straddle): until
+    # then every (sub-)bucket with mass counts as two or more. (Sub-)buckets holding only tokens
+    # with p = q = 0 (ratio nan) have no group: their tokens take a neighbour's, never selected.
+    nonempty = (P_b > 0) | (Q_b > 0)
+    n_f = None
+    split = np.zeros(nb, dtype=bool)  # buckets raced as their sub-buckets
+    single = np.zeros(nf, dtype=bool)  # sub-buckets (of split buckets) raced as single tokens
     # the optimal cut H* lies in one of the two buckets around the best cut between whole buckets
-    # (these are the groups that straddle): split them from the start, saving a round
+    # (these are the groups that straddle): split them from the start, and inside them the two
+    # sub-buckets around the best cut between sub-buckets, saving rounds
     filled = np.flatnonzero(nonempty)
-    after = np.cumsum(Q_b[filled][::-1])[::-1] - Q_b[filled]  # draft mass after each bucket
-    gain = np.cumsum(P_b[filled]) - (1.0 - after**k)  # P_j - g(D_j) at each bucket's end
-    j = int(np.argmax(gain))
-    if gain[j] > 0 and REFINE_ROUNDS > 0:
+    j = _best_cut(P_b[filled], Q_b[filled], k) if REFINE_ROUNDS > 0 else -1
+    if j >= 0:
         around = filled[j : j + 2]
-        split[around[n_b[around] >= 2]] = True
+        split[around] = True
+        # the cuts between sub-buckets: the buckets before and after them each taken as one group
+        # (buckets between the two split ones are empty)
+        sf = _sub_buckets(split, per)
+        a, b = around[0], around[-1] + 1
+        P_c = np.concatenate([[P_b[:a].sum()], P_f[sf], [P_b[b:].sum()]])
+        Q_c = np.concatenate([[Q_b[:a].sum()], Q_f[sf], [Q_b[b:].sum()]])
+        jc = _best_cut(P_c, Q_c, k)  # the cut after P_c[jc]: the sub-buckets jc - 1 and jc around it
+        if jc >= 0:
+            near = np.arange(jc - 1, jc + 1)
+            single[sf[near[(near >= 0) & (near < sf.size)]]] = True
+    tok = np.zeros(0, dtype=np.int64)
+    P_t = Q_t = np.zeros(0)
+    n_single = -1  # the number of sub-buckets whose tokens `tok` holds (only ever grows)
     for round_ in range(REFINE_ROUNDS + 1):
-        size = np.where(split, n_b, nonempty.astype(np.int64))  # groups each bucket becomes
-        base = np.cumsum(size) - size
-        G = int(size.sum())
-        P_g = np.zeros(G)
-        Q_g = np.zeros(G)
-        whole = nonempty & ~split
-        P_g[base[whole]] = P_b[whole]
-        Q_g[base[whole]] = Q_b[whole]
-        if split.any():
-            asc = _tokens_in(gid, split & nonempty)  # the split tokens, ascending
+        sf = _sub_buckets(split, per)  # [m] the sub-buckets of the split buckets, in ratio order
+        sing = single[sf]
+        ids = np.flatnonzero(single)
+        if ids.size != n_single:  # the single tokens, in ratio order within sub-buckets
+            n_single = ids.size
+            if ids.size == 2 and ids[1] == ids[0] + 1:  # two neighbours: one range test
+                tok = np.flatnonzero((fid - ids[0]).view(np.uint64) <= 1)  # (ascending)
+            else:
+                tok = _tokens_in(fid, single)
+            P_t, Q_t = pl.at(tok), ql.at(tok)
             with np.errstate(divide="ignore", invalid="ignore"):
-                r_idx = pl.at(asc) / ql.at(asc)
-            perm = _descending(r_idx)
-            idx = asc[perm]  # in ratio order; buckets are ratio slices: bucket order kept
-            b = gid[idx]
-            first = np.cumsum(np.where(split, n_b, 0)) - np.where(split, n_b, 0)
-            split_grp = base[b] + np.arange(idx.size) - first[b]
-            P_g[split_grp] = pl.at(idx)
-            Q_g[split_grp] = ql.at(idx)
+                code_t = np.divide(P_t, Q_t).view(np.int64)
+            o = np.lexsort((-code_t, fid[tok]))  # ties: ascending token
+            tok, P_t, Q_t = tok[o], P_t[o], Q_t[o]
+        keep = sf[~sing & ((P_f[sf] > 0) | (Q_f[sf] > 0))]  # sub-buckets raced whole
+        # the units inside split buckets, in ratio order: whole sub-buckets and single tokens
+        u_f = np.concatenate([keep, fid[tok]])
+        u_r = np.concatenate([np.full(keep.size, -1), np.arange(tok.size)])
+        u = np.lexsort((u_r, u_f))
+        u_f, u_r = u_f[u], u_r[u]
+        u_b = u_f >> fine
+        is_t = u_r >= 0
+        n_u = np.ones(u.size, dtype=np.int64)
+        n_u[~is_t] = 2 if n_f is None else n_f[u_f[~is_t]]
+        P_u, Q_u = np.empty(u.size), np.empty(u.size)
+        P_u[~is_t], Q_u[~is_t] = P_f[u_f[~is_t]], Q_f[u_f[~is_t]]
+        P_u[is_t], Q_u[is_t] = P_t[u_r[is_t]], Q_t[u_r[is_t]]
+        lo_u, hi_u = _bin_bounds(u_f, bits, fine)
+        # all groups: whole buckets and the units of split buckets
+        cnt = np.bincount(u_b, minlength=nb)
+        size = np.where(split, cnt, nonempty)
+        base = np.cumsum(size) - size
+        G = int(base[-1] + size[-1])
+        whole = nonempty & ~split
+        gw = base[whole]
+        ug = base[u_b] + np.arange(u.size) - (np.cumsum(cnt) - cnt)[u_b]  # group of each unit
+        P_g, Q_g, lo_g, hi_g = np.empty(G), np.empty(G), np.empty(G), np.empty(G)
+        n_g = np.empty(G, dtype=np.int64)
+        n_g[gw] = 2 if n_f is None else np.add.reduceat(n_f, starts)[whole]
+        P_g[gw], Q_g[gw], lo_g[gw], hi_g[gw] = P_b[whole], Q_b[whole], b_lo[whole], b_hi[whole]
+        P_g[ug], Q_g[ug], lo_g[ug], hi_g[ug], n_g[ug] = P_u, Q_u, lo_u, hi_u, n_u
         x_g, theta_g, key1_g, key2_g, x1_g = yield P_g, Q_g
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(Q_g > 0, x_g / np.where(Q_g > 0, Q_g, 1.0), 0.0)  # x_i / q_i in the group
-        # a whole group with both passes can spread its pass-1 mass over its tokens so that
-        # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
-        gw = base[whole]
-        th_G, X_G, X1_G = theta_g[gw], x_g[gw], x1_g[gw]
-        both = (n_b[whole] >= 2) & (th_G > 0) & (th_G < 1) & (P_b[whole] > 0) & (Q_b[whole] > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            a_G = X1_G / (th_G * Q_b[whole])
-            b_G = (X_G - X1_G) / ((1.0 - th_G) * Q_b[whole])
-            lam_G = X_G / P_b[whole]
-            ok = both & (b_G <= lam_G * lo[whole]) & (lam_G * hi[whole] <= a_G) & (a_G > b_G)
-        spread = np.zeros(nb, dtype=bool)
-        spread[whole] = ok
-        w_b = np.zeros(nb)
-        w_b[whole] = w[gw]
-        straddle = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
+        for _ in range(2):
+            # a group with both passes can spread its pass-1 mass over its tokens so that
+            # x_i = lambda_G p_i: per-unit weights a (pass 1) > b (pass 2) must bracket lambda_G r_i
+            both = (n_g >= 2) & (theta_g > 0) & (theta_g < 1) & (P_g > 0) & (Q_g > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a_G = x1_g / (theta_g * Q_g)
+                b_G = (x_g - x1_g) / ((1.0 - theta_g) * Q_g)
+                lam_G = x_g / P_g
+                spread = both & (b_G <= lam_G * lo_g) & (lam_G * hi_g <= a_G) & (a_G > b_G)
+            straddle = (n_g >= 2) & ~spread & (w > lo_g) & (w < hi_g)
+            if n_f is not None or not straddle.any():
+                break
+            # a group might straddle: count the tokens of the (sub-)buckets (one token cannot)
+            n_f = np.bincount(fid, minlength=nf)
+            n_g[gw] = np.add.reduceat(n_f, starts)[whole]
+            n_g[ug[~is_t]] = n_f[u_f[~is_t]]
         # a straddling group loses sum_i (p_i - w q_i)_+ <= Q (hi - w): leave the cheapest whole
         with np.errstate(invalid="ignore"):
-            loss = np.where(straddle, Q_b * (hi - w_b), 0.0)
+            loss = np.where(straddle, Q_g * (hi_g - w), 0.0)
         cheap = np.flatnonzero(straddle)[np.argsort(loss[straddle])]
         cheap = cheap[np.cumsum(loss[cheap]) <= SPLIT_TOLERANCE]
+        left = straddle.copy()  # straddling groups, including those left whole
         straddle[cheap] = False
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
-        split |= straddle
+        # straddling whole buckets: all their tokens single; straddling sub-buckets: theirs
+        wb = np.zeros(nb, dtype=bool)
+        wb[whole] = straddle[gw]
+        split |= wb
+        single.reshape(nb, per)[wb] = True
+        single[u_f[~is_t & straddle[ug]]] = True
     # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
-    # or, where the group spreads (whole buckets only), theta_i = (lambda r_i - b)/(a - b)
+    # or, where the group spreads, theta_i = (lambda r_i - b)/(a - b)
     t1, t0, x0, xd = np.zeros(G), theta_g.copy(), w.copy(), np.zeros(G)
-    sp = spread[whole]
-    gs = gw[sp]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t1[gs] = (lam_G / (a_G - b_G))[sp]
-        t0[gs] = (-b_G / (a_G - b_G))[sp]
-    x0[gs], xd[gs] = b_G[sp], (a_G - b_G)[sp]
+        t1[spread] = (lam_G / (a_G - b_G))[spread]
+        t0[spread] = (-b_G / (a_G - b_G))[spread]
+    x0[spread], xd[spread] = b_G[spread], (a_G - b_G)[spread]
     comp = np.zeros(G + 1)
     comp[:G] = np.cumsum(Q_g[::-1])[::-1]
     cut = np.cumsum(P_g) - (1.0 - comp[1:] ** k)  # P_j - g(D_j) over group boundaries
     alpha_g = 1.0 - max(0.0, float(cut.max()))
-    grp_asc = np.empty_like(split_grp)
-    grp_asc[perm] = split_grp  # the split tokens' groups in ascending token order (split_tok = asc)
-    out = Rule(pl, ql, gid, base, asc, grp_asc, t1, t0, x0, xd, key1_g, key2_g, 0.0, alpha_g)
+    # group of each sub-bucket (a whole bucket's for all of its own; sub-buckets and buckets without
+    # mass: a neighbour's, their tokens having p = q = 0), and of each single token
+    base_f = np.repeat(np.minimum(base, G - 1), per)
+    base_f[u_f[~is_t]] = ug[~is_t]
+    perm = np.argsort(tok)
     # acceptance: a group with all its tokens on one side of x_i = p_i accepts min(x_G, P_G);
-    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token
+    # the groups left straddling (losses below SPLIT_TOLERANCE) are summed token by token, lazily
     acc_g = np.minimum(x_g, P_g)
-    left = whole & ~spread & (n_b >= 2) & (w_b > lo) & (w_b < hi)
-    acc = float(acc_g.sum())
+    lf = None
     if left.any():
-        tok = _tokens_in(gid, left)
-        x_t = out.at(tok)[3]
-        acc += float(np.minimum(x_t, pl.at(tok)).sum()) - float(acc_g[base[left]].sum())
-    return dataclasses.replace(out, acceptance=acc)
+        lf = np.zeros(nf, dtype=bool)
+        lf.reshape(nb, per)[whole] = left[gw][:, None]
+        lf[u_f[~is_t]] = left[ug[~is_t]]
+        acc_g = acc_g[~left]
+    return Rule(pl, ql, fid, base_f, tok[perm], ug[is_t][perm] if tok.size else tok, t1, t0, x0, xd,
+                key1_g, key2_g, float(acc_g.sum()), alpha_g, lf)
+
+
+def _sub_buckets(split: np.ndarray, per: int) -> np.ndarray:
+    """The sub-buckets of the split buckets, in ratio order."""
+    return (np.flatnonzero(split)[:, None] * per + np.arange(per)).ravel()
 
 
 def build_tokens(target, draft, k: int) -> Plan:
