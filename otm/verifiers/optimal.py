@@ -943,7 +943,9 @@ def acceptance(target, draft, k: int) -> float:
 
 @dataclass(frozen=True)
 class OptimalBound(Bound):
-    """:class:`Bound` plus the rule's own acceptance, the optimum and the gap between them."""
+    """:class:`Bound` plus the rule's own acceptance, the optimum and the gap between them
+    (``bind`` of this module and of :mod:`otm.verifiers.optimal_without_replacement`; ``plan`` is
+    that module's ``Plan``)."""
 
     acceptance: float = float("nan")
     alpha_star: float = float("nan")

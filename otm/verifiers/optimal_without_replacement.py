@@ -101,7 +101,8 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from ..laws import OtmError, check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
+from .base import Outcome, accept, check_inputs, residual_law, residual_sample
+from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
 
 MAX_SETS = 200_000
 """Largest number of draft sets :func:`build` enumerates to compute the Luce law exactly."""
@@ -348,20 +349,6 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
 def acceptance(target, draft, k: int) -> float:
     r""":math:`\sum_y \min(x(y), p(y))`, the probability the selected draft is accepted."""
     return build(target, draft, k).acceptance
-
-
-@dataclass(frozen=True)
-class OptimalBound(Bound):
-    """:class:`Bound` plus the rule's acceptance, alpha* (closed form) and the gap between them."""
-
-    acceptance: float = float("nan")
-    alpha_star: float = float("nan")
-    plan: Plan | None = None
-
-    @property
-    def gap(self) -> float:
-        """``alpha_star - acceptance`` (>= 0 up to rounding)."""
-        return self.alpha_star - self.acceptance
 
 
 def bind(target, scheme) -> OptimalBound:
