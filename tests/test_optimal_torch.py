@@ -119,15 +119,15 @@ def _x_off(plans):
     """Bug: the selection law used by the accept test and the residual is 10% high at token 0."""
 
     def wrapped(p, q, d, k):
-        theta_d, key1_d, key2_d, target_d, x_d, laws = plans(p, q, d, k)
+        theta_d, key1_d, key2_d, target_d, x_d, residuals, targets = plans(p, q, d, k)
 
-        def bad_laws(rows):
-            target, x = laws(rows)
-            x = x.copy()
-            x[:, 0] *= 1.1
-            return target, x
+        def bad_residuals(rows):
+            res, target = residuals(rows), targets(rows)
+            x0 = target[:, 0] - res[:, 0]  # x at token 0 where the residual there is positive
+            res[:, 0] = np.where(res[:, 0] > 0, np.maximum(target[:, 0] - 1.1 * x0, 0.0), 0.0)
+            return res
 
-        return theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_laws
+        return theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_residuals, targets
 
     return wrapped
 

@@ -54,8 +54,8 @@ from ._core import (
     check_drafts,
     check_law_tensor,
     check_law_values,
+    categorical,
     compute_dtype_for,
-    residual_draw,
     uniforms_for,
 )
 
@@ -90,10 +90,12 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
 
     ``p``, ``q`` float32 or float64 ``[batch, V]`` as given (rows summing to 1 up to rounding;
     each is normalised in float64 as :func:`otm.laws.check_law` does), ``d [batch, k]``.
-    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, residuals)``: the race arrays, the target
-    (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted tokens,
-    ``[batch, k]``; ``laws(rows)`` gives ``(target, x)`` ``[len(rows), V]`` for the rows that
-    need a residual draw. Rows with equal laws share one rule.
+    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, residuals, targets)``: the race arrays, the
+    target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted tokens,
+    ``[batch, k]``; ``residuals(rows)`` gives ``(target - x)_+`` ``[len(rows), V]`` float64 for the
+    rows that need a residual draw (:meth:`~otm.verifiers.optimal.Rule.residual`, one float64 pass
+    per row), ``targets(rows)`` their normalised targets (read only where a residual has no mass).
+    Rows with equal laws share one rule.
     """
     batch = p.shape[0]
     theta_d = np.empty((batch, k))
@@ -124,10 +126,16 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
         target_d[r] = rl.target_law.at(d[r])
 
-    def laws(rows):
-        return np.stack([rules[r].target for r in rows]), np.stack([rules[r].selection() for r in rows])
+    def residuals(rows):
+        out = np.empty((len(rows), p.shape[1]))
+        for i, r in enumerate(rows):
+            rules[r].residual(out=out[i])
+        return out
 
-    return theta_d, key1_d, key2_d, target_d, x_d, laws
+    def targets(rows):
+        return np.stack([rules[r].target for r in rows])
+
+    return theta_d, key1_d, key2_d, target_d, x_d, residuals, targets
 
 
 def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:
@@ -165,7 +173,7 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
     host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
     p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))  # no copy for CPU float32/float64
-    theta_d, key1_d, key2_d, p_d, x_d, laws = _plans(p_in, q_in, d.cpu().numpy(), k)
+    theta_d, key1_d, key2_d, p_d, x_d, residuals, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
     # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
     keys = torch.where(u[:, :k] < theta, torch.from_numpy(key1_d).to(device), torch.from_numpy(key2_d).to(device))
@@ -178,8 +186,13 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     z = y.clone()
     rows = torch.nonzero(~ok).squeeze(1)  # [rejected]: only these need the residual (p - x)_+
     if rows.numel():
-        p_r, x_r = (torch.from_numpy(a).to(device) for a in laws(rows.cpu().tolist()))  # [rejected, V] float64
-        z[rows] = residual_draw((p_r - x_r).clamp_(min=0.0), p_r, u[rows, k + 1])
+        rows_ = rows.cpu().tolist()
+        res = torch.from_numpy(residuals(rows_)).to(device)  # [rejected, V] float64: (p - x)_+
+        empty = res.sum(-1) <= 0  # [rejected]: no residual mass (probability 0 in exact arithmetic)
+        if bool(empty.any()):  # draw from the target there, as residual_draw does
+            none = torch.nonzero(empty).squeeze(1)
+            res[none] = torch.from_numpy(targets([rows_[i] for i in none.tolist()])).to(device)
+        z[rows] = categorical(res, u[rows, k + 1].unsqueeze(1)).squeeze(1)
     hit = d == z.unsqueeze(1)  # [batch, k]
     z_index = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), torch.full_like(index, NOT_ACCEPTED))
     token = torch.where(ok, y, z)
