@@ -92,12 +92,27 @@ def accept(rng: np.random.Generator, numerator: float, denominator: float) -> bo
     return rng.random() * denominator < numerator
 
 
+def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, x_y: float, residual,
+                   fallback: np.ndarray) -> Outcome:
+    """Single-draft speculative sampling after selecting draft ``d[i]`` with selection law ``x``
+    (the canonical form of the ``optimal`` verifiers): accept it w.p. ``min(1, p_y / x_y)``, else
+    draw from ``norm(residual())`` (``residual`` is called only on a rejection; ``fallback`` when it
+    has no mass) and name the first draft equal to the draw, if any."""
+    y = int(d[i])
+    if accept(rng, p_y, x_y):
+        return Outcome(y, i)
+    z = residual_sample(rng, residual(), fallback)
+    hit = np.flatnonzero(d == z)
+    return Outcome(z, int(hit[0]) if hit.size else None)
+
+
 __all__ = [
     "NOT_ACCEPTED",
     "Outcome",
     "Bound",
     "check_inputs",
     "residual_law",
+    "serve_selected",
     "residual_sample",
     "accept",
     "positive_part",

@@ -148,7 +148,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
+from .base import Bound, Outcome, check_inputs, residual_law, serve_selected
 
 THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
     f for f in (i / 16 for i in range(17)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
@@ -921,12 +921,7 @@ def _sample(plan: Plan, target: np.ndarray, d: np.ndarray, rng: np.random.Genera
     u = rng.random(d.size)
     keys = np.where(u < plan.theta[d], plan.key1[d], plan.key2[d])
     i = int(np.argmin(keys))
-    y = int(d[i])
-    if accept(rng, target[y], plan.x[y]):
-        return Outcome(y, i)
-    z = residual_sample(rng, plan.residual, target)
-    hit = np.flatnonzero(d == z)
-    return Outcome(z, int(hit[0]) if hit.size else None)
+    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], lambda: plan.residual, target)
 
 
 def law(target, draft, drafts) -> np.ndarray:
@@ -949,12 +944,7 @@ def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
     u = rng.random(d.size)
     theta, key1, key2, x = rl.at(d)
     i = int(np.argmin(np.where(u < theta, key1, key2)))
-    y = int(d[i])
-    if accept(rng, rl.target[y], x[i]):
-        return Outcome(y, i)
-    z = residual_sample(rng, rl.residual(), rl.target)
-    hit = np.flatnonzero(d == z)
-    return Outcome(z, int(hit[0]) if hit.size else None)
+    return serve_selected(rng, d, i, rl.target[d[i]], x[i], rl.residual, rl.target)
 
 
 def acceptance(target, draft, k: int) -> float:

@@ -101,7 +101,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from ..laws import OtmError, check_k, check_law
-from .base import Outcome, accept, check_inputs, residual_law, residual_sample
+from .base import Outcome, check_inputs, residual_law, serve_selected
 from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
 
 MAX_SETS = 200_000
@@ -323,12 +323,7 @@ def _sample(plan: Plan, target, d, rng: np.random.Generator) -> Outcome:
     w = np.exp(plan.theta[d[idx]] - plan.theta[d[idx]].max())
     c = np.cumsum(w)
     i = int(idx[min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), idx.size - 1)])
-    y = int(d[i])
-    if accept(rng, target[y], plan.x[y]):
-        return Outcome(y, i)
-    z = residual_sample(rng, plan.residual, target)
-    hit = np.flatnonzero(d == z)
-    return Outcome(z, int(hit[0]) if hit.size else None)
+    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], lambda: plan.residual, target)
 
 
 def law(target, draft, drafts) -> np.ndarray:
