@@ -216,3 +216,21 @@ def test_held_out_acceptance_by_depth_needs_a_feature_draft():
         with pytest.raises(OtmError, match="needs depth >= 1 and, beyond 1, a feature draft") as exc:
             held_out_acceptance(token_draft, token_draft, None, ["hi"], depth=depth)
         assert "\n" not in str(exc.value)
+
+
+def test_training_time_test_with_an_off_by_one_chain_start_is_caught():
+    """Negative control, off-by-one depth: pass d's context one position too long (pass 1's keys up
+    to t + 1 instead of t, so the query also sees the true-feature element its own chain replaced)."""
+    import draftlab
+
+    right = draftlab.ttt_mask
+
+    def one_too_many(S, depth):
+        m = right(S, depth).clone()
+        j, i = torch.arange(S)[:, None], torch.arange(S)[None, :]
+        if depth > 1:
+            m[:, :S] = i <= j - depth + 2
+        return m
+
+    assert _ttt_against_decoder(2) < 1e-10
+    assert _ttt_against_decoder(2, mask=one_too_many) > 1e-3
