@@ -93,11 +93,18 @@ def categorical(rng: np.random.Generator, law: np.ndarray) -> int:
     Uses ``u`` in [0, 1) and ``searchsorted(side="right")``, so a token with zero
     mass is never returned, even for ``u == 0`` (the boundary bug of SGLang #35771).
     """
+    return inverse_cdf(law, rng.random())
+
+
+def inverse_cdf(law: np.ndarray, u: float) -> int:
+    """The token :func:`categorical` draws with the uniform ``u`` in [0, 1): the first token whose
+    cumulative mass exceeds ``u * total`` (the last positive token when ``u * total`` rounds up to
+    the total), so a zero-mass token is never returned."""
     cdf = np.cumsum(law)
     total = cdf[-1]
     if not total > 0:
         raise OtmError("cannot sample from a law with no positive mass")
-    i = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    i = int(np.searchsorted(cdf, u * total, side="right"))
     if i >= law.size:  # u * total rounded up to total: take the last positive token
         i = int(np.flatnonzero(law > 0)[-1])
     return i

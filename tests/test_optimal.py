@@ -283,3 +283,83 @@ def test_rules_refuse_bad_rows():
         optimal.rules(np.ones((2, 3)) / 3, np.ones((2, 4)) / 4, 2)
     with pytest.raises(OtmError, match="negative mass"):
         optimal.rules([[0.5, 0.5], [1.5, -0.5]], [[0.5, 0.5], [0.5, 0.5]], 2)
+
+
+# (f) the residual draw: group first, then a token of that group -------------------------------
+def _law_of_draw(draw, V):
+    """The exact law of ``draw(u)``, u uniform on [0, 1), read from the real code: the outcome is
+    piecewise constant in u (each group an interval of u, each token an interval inside its group's),
+    so each change point is found by bisection to the last float."""
+    law, u = np.zeros(V), 0.0
+    top = np.nextafter(1.0, 0.0)
+    while True:
+        a = draw(u)
+        assert a is not None
+        if draw(top) == a:
+            law[a] += 1.0 - u
+            return law
+        lo, hi = u, top
+        while np.nextafter(lo, 1.0) < hi:
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if draw(mid) == a else (lo, mid)
+        law[a] += hi - u
+        u = hi
+
+
+def _residual_cases():
+    rng = np.random.default_rng(41)
+    for seed in range(6):
+        V = 7
+        target = rng.dirichlet(np.full(V, 0.7))
+        draft = target * rng.uniform(0.5, 1.6, V)
+        draft[seed % V] = 0.0 if seed % 3 == 0 else draft[seed % V]
+        target[(seed + 2) % V] = 1e-12 if seed % 2 else 0.0
+        yield target / target.sum(), draft / draft.sum(), 2 + seed % 3
+
+
+@pytest.mark.parametrize("bits,rounds", [(0, 0), (0, 4), (None, 4)])
+def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
+    """Rule.draw_residual (what sample and otm.torch.optimal use after a rejection) draws exactly
+    norm((p - x)_+): its law, read from the code by bisection over the uniform, equals the residual
+    to 1e-12 (to rounding where the residual mass is below 1e-3), with coarse groups (several tokens a group, groups left straddling) and fine ones; no
+    token of zero residual is ever drawn."""
+    if bits is not None:
+        monkeypatch.setattr(optimal, "GROUP_BITS", bits)
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+    multi = 0
+    for target, draft, k in _residual_cases():
+        rl = optimal.rule(target, draft, k)
+        res = rl.residual()
+        multi += int((rl.g_tok < 0).sum() > 0 and np.bincount(rl.groups()).max() > 1)
+        got = _law_of_draw(rl.draw_residual, target.size)
+        # to 1e-12, or to the masses' rounding where the residual R is tiny ((P_G - x_G) and (p_i - x_i)
+        # both carry ~1e-16 absolute): the output law, where the residual enters times R, to 1e-14
+        R = res.sum()
+        assert np.abs(got - res / R).max() < max(1e-12, 64 * np.finfo(float).eps / R)
+        assert (got[res <= 0] == 0).all()
+    assert multi  # groups of several tokens were drawn from
+
+
+def test_residual_draw_planted_bugs_are_caught(monkeypatch):
+    """Negative controls for the check above: the token drawn from the target inside its group (the
+    selection law not subtracted), and the group drawn by its target mass P_G instead of its residual
+    mass; each moves the drawn law by more than 1e-3."""
+    monkeypatch.setattr(optimal, "GROUP_BITS", 0)
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
+    target, draft, k = next(_residual_cases())
+    honest = optimal.rule(target, draft, k)
+    res = honest.residual()
+    want = res / res.sum()
+    assert np.abs(_law_of_draw(honest.draw_residual, target.size) - want).max() < 1e-12
+    errors = []
+    with monkeypatch.context() as m:  # bug 1: inside the group, p instead of (p - x)_+
+        m.setattr(optimal.Rule, "_group_residual", lambda self, G: (
+            (toks := np.flatnonzero(self.groups() == G)), self.target_law.at(toks)))
+        rl = optimal.rule(target, draft, k)
+        errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
+    with monkeypatch.context() as m:  # bug 2: groups by P_G
+        rl = optimal.rule(target, draft, k)
+        P_g = np.bincount(rl.groups(), weights=target, minlength=rl.res_g.size)
+        rl.__dict__["residual_groups"] = P_g
+        errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
+    assert min(errors) > 1e-3, errors

@@ -35,9 +35,11 @@ from otm.decode.decoder import VERIFIERS as DECODER_VERIFIERS
 from otm.decode.decoder import resolve_verifiers
 from otm.decode.exact_mode import exact_decode, law_error, target_law
 from otm.decode.toy import ToyLM, model_law
+from otm.laws import inverse_cdf
 from otm.schemes import IID
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import optimal as npo
+from otm.verifiers import speculative
 
 from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
     ALPHA, DEVICES, DRAFT, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
@@ -86,7 +88,17 @@ def test_k1_is_speculative_sampling():
     u = t(rng.random((rows, 3)))
     a = ot.optimal(p, q, d, uniforms=u)
     b = ot.speculative(p, q, d, uniforms=u[:, 1:])
-    assert torch.equal(a.token, b.token) and torch.equal(a.accepted, b.accepted)
+    # k = 1: the selection law is the draft, so the accept test is speculative sampling's on the same
+    # uniform; after a rejection the residual (p - q)_+ is drawn group first, so the same uniform may
+    # give another token of the same law
+    ok = b.accepted == 0
+    assert torch.equal(a.accepted == 0, ok) and torch.equal(a.token[ok], b.token[ok])
+    assert 0 < int(ok.sum()) < rows
+    z = a.token[~ok, None]
+    assert bool((p[~ok].gather(1, z) > q[~ok].gather(1, z)).all())  # in the residual's support
+    for r in range(rows):
+        want = speculative.law(laws[r][0], laws[r][1], d[r].numpy())
+        assert np.abs(npo.law(laws[r][0], laws[r][1], d[r].numpy()) - want).max() < 1e-12
 
 
 @pytest.mark.parametrize("fill", [0.0, U_MAX])
@@ -119,15 +131,16 @@ def _x_off(plans):
     """Bug: the selection law used by the accept test and the residual is 10% high at token 0."""
 
     def wrapped(p, q, d, k):
-        theta_d, key1_d, key2_d, target_d, x_d, residuals, targets = plans(p, q, d, k)
+        theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets = plans(p, q, d, k)
 
-        def bad_residuals(rows):
+        def bad_draws(rows, us):
             res, target = residuals(rows), targets(rows)
             x0 = target[:, 0] - res[:, 0]  # x at token 0 where the residual there is positive
             res[:, 0] = np.where(res[:, 0] > 0, np.maximum(target[:, 0] - 1.1 * x0, 0.0), 0.0)
-            return res
+            return [inverse_cdf(r, u) for r, u in zip(res, us)]
 
-        return theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_residuals, targets
+        return (theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_draws, residuals,
+                targets)
 
     return wrapped
 

@@ -14,7 +14,8 @@ same numbers as the numpy door for float64 laws; unlike the other torch verifier
 normalisation first), row by row while the row is in cache, and given to the grouped rule of
 :func:`otm.verifiers.optimal.rule` (ratio groups from the floats' bits, no sort over the
 vocabulary; the layered two-pass race over the groups), evaluated lazily: at the k drafted
-tokens, and over the vocabulary only for the rows that reject (their residual). Rows with
+tokens, and for the rows that reject a draw from their residual (group first, then a token of
+that group: one pass over the sub-bucket ids, not the O(V) residual). Rows with
 equal laws within one call share one set-up. The race, the accept test and the residual
 draw are batched torch on the input device, with float64 decisions and the float64 inverse
 CDF of :mod:`otm.torch._core`. Measured times beside :func:`otm.torch.kseq`:
@@ -22,7 +23,8 @@ CDF of :mod:`otm.torch._core`. Measured times beside :func:`otm.torch.kseq`:
 
 Uniforms. Each row uses ``k + 2`` uniforms in [0, 1): uniform ``i < k`` decides the pass
 of draft position ``i`` (pass 1 iff ``u_i < theta(d_i)``), uniform ``k`` the accept test,
-uniform ``k + 1`` the residual draw by inverse CDF. The numpy ``sample`` consumes
+uniform ``k + 1`` the residual draw (inverse CDF over the groups' residual masses, then inside
+the group; :meth:`otm.verifiers.optimal.Rule.draw_residual`). The numpy ``sample`` consumes
 ``rng.random(k)`` then ``rng.random()`` twice (the second only on rejection) in the same
 order, so the same numbers give the same token and index (float64: bit-identical
 decisions; the plans are the same numpy computation).
@@ -90,11 +92,14 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
 
     ``p``, ``q`` float32 or float64 ``[batch, V]`` as given (rows summing to 1 up to rounding;
     each is normalised in float64 as :func:`otm.laws.check_law` does), ``d [batch, k]``.
-    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, residuals, targets)``: the race arrays, the
-    target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted tokens,
-    ``[batch, k]``; ``residuals(rows)`` gives ``(target - x)_+`` ``[len(rows), V]`` float64 for the
-    rows that need a residual draw (:meth:`~otm.verifiers.optimal.Rule.residual`, one float64 pass
-    per row), ``targets(rows)`` their normalised targets (read only where a residual has no mass).
+    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets)``: the race arrays,
+    the target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted
+    tokens, ``[batch, k]``; ``draws(rows, us)`` gives one draw from ``norm((target - x)_+)`` per row
+    that needs one, with its uniform (:meth:`~otm.verifiers.optimal.Rule.draw_residual`: group, then
+    token; None where the residual has no mass); ``residuals(rows)`` the whole ``(target - x)_+``
+    ``[len(rows), V]`` float64 (:meth:`~otm.verifiers.optimal.Rule.residual`: not used by the
+    verifier, for tests), ``targets(rows)`` the normalised targets (read only where a residual has no
+    mass).
     Rows with equal laws share one rule.
     """
     batch = p.shape[0]
@@ -126,6 +131,9 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
         theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
         target_d[r] = rl.target_law.at(d[r])
 
+    def draws(rows, us):
+        return [rules[r].draw_residual(u) for r, u in zip(rows, us)]
+
     def residuals(rows):
         out = np.empty((len(rows), p.shape[1]))
         for i, r in enumerate(rows):
@@ -135,7 +143,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     def targets(rows):
         return np.stack([rules[r].target for r in rows])
 
-    return theta_d, key1_d, key2_d, target_d, x_d, residuals, targets
+    return theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets
 
 
 def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:
@@ -173,7 +181,7 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
     host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
     p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))  # no copy for CPU float32/float64
-    theta_d, key1_d, key2_d, p_d, x_d, residuals, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
+    theta_d, key1_d, key2_d, p_d, x_d, draws, _, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
     # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
     keys = torch.where(u[:, :k] < theta, torch.from_numpy(key1_d).to(device), torch.from_numpy(key2_d).to(device))
@@ -184,15 +192,17 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     x_y = torch.from_numpy(x_d).to(device).gather(1, at).squeeze(1)  # [batch] float64: selection law at y
     ok = accept_test(u[:, k], p_y, x_y)  # [batch]
     z = y.clone()
-    rows = torch.nonzero(~ok).squeeze(1)  # [rejected]: only these need the residual (p - x)_+
+    rows = torch.nonzero(~ok).squeeze(1)  # [rejected]: only these need a draw from (p - x)_+
     if rows.numel():
         rows_ = rows.cpu().tolist()
-        res = torch.from_numpy(residuals(rows_)).to(device)  # [rejected, V] float64: (p - x)_+
-        empty = res.sum(-1) <= 0  # [rejected]: no residual mass (probability 0 in exact arithmetic)
-        if bool(empty.any()):  # draw from the target there, as residual_draw does
-            none = torch.nonzero(empty).squeeze(1)
-            res[none] = torch.from_numpy(targets([rows_[i] for i in none.tolist()])).to(device)
-        z[rows] = categorical(res, u[rows, k + 1].unsqueeze(1)).squeeze(1)
+        got = draws(rows_, u[rows, k + 1].to(torch.float64).cpu().tolist())  # group, then token (host)
+        none = [i for i, g in enumerate(got) if g is None]  # no residual mass (probability 0 exactly)
+        zr = torch.tensor([NOT_ACCEPTED if g is None else g for g in got], dtype=torch.int64, device=device)
+        if none:  # draw from the target there with the same uniform, as residual_draw does
+            tgt = torch.from_numpy(targets([rows_[i] for i in none])).to(device)
+            at_none = rows[torch.tensor(none, device=device)]
+            zr[torch.tensor(none, device=device)] = categorical(tgt, u[at_none, k + 1].unsqueeze(1)).squeeze(1)
+        z[rows] = zr
     hit = d == z.unsqueeze(1)  # [batch, k]
     z_index = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), torch.full_like(index, NOT_ACCEPTED))
     token = torch.where(ok, y, z)

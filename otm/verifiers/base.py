@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..laws import OtmError, categorical, check_law, normalise, positive_part
+from ..laws import OtmError, categorical, check_law, inverse_cdf, normalise, positive_part
 
 NOT_ACCEPTED = None
 """``Outcome.accepted`` when the token came from the residual, not from a draft."""
@@ -93,15 +93,25 @@ def accept(rng: np.random.Generator, numerator: float, denominator: float) -> bo
 
 
 def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, x_y: float, residual,
-                   fallback: np.ndarray) -> Outcome:
+                   fallback: np.ndarray, draw=None) -> Outcome:
     """Single-draft speculative sampling after selecting draft ``d[i]`` with selection law ``x``
     (the canonical form of the ``optimal`` verifiers): accept it w.p. ``min(1, p_y / x_y)``, else
     draw from ``norm(residual())`` (``residual`` is called only on a rejection; ``fallback`` when it
-    has no mass) and name the first draft equal to the draw, if any."""
+    has no mass) and name the first draft equal to the draw, if any.
+
+    ``draw``, optional: ``draw(u) -> token | None``, a draw from ``norm(residual)`` with the one
+    uniform ``u`` that replaces the inverse CDF over ``residual()`` (None: no residual mass, then the
+    inverse CDF of ``fallback`` at the same ``u``)."""
     y = int(d[i])
     if accept(rng, p_y, x_y):
         return Outcome(y, i)
-    z = residual_sample(rng, residual(), fallback)
+    if draw is None:
+        z = residual_sample(rng, residual(), fallback)
+    else:
+        u = rng.random()
+        z = draw(u)
+        if z is None:
+            z = inverse_cdf(fallback, u)
     hit = np.flatnonzero(d == z)
     return Outcome(z, int(hit[0]) if hit.size else None)
 

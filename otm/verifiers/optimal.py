@@ -315,6 +315,11 @@ class Rule:
     acc_groups: float  # sum of min(x_G, P_G) over the groups not left straddling
     alpha_groups: float  # min over group-closed cuts: an upper bound on alpha*
     left: np.ndarray | None = None  # [sub-buckets] those of the groups left straddling; None: none
+    res_g: np.ndarray | None = None  # [G] (P_G - x_G)_+, the residual mass of a group on one side of
+    # x_i = p_i; nan for the groups left straddling (summed token by token when asked)
+    f_lo: np.ndarray | None = None  # [G] first sub-bucket of a group raced whole (-1: a single token)
+    f_hi: np.ndarray | None = None  # [G] one past its last sub-bucket
+    g_tok: np.ndarray | None = None  # [G] the token of a single-token group (-1 otherwise)
 
     @functools.cached_property
     def acceptance(self) -> float:
@@ -397,6 +402,59 @@ class Rule:
         a *= q
         out = np.subtract(p, a, out=out)
         return np.maximum(out, 0.0, out=out)
+
+    @functools.cached_property
+    def residual_groups(self) -> np.ndarray:
+        """``[G]`` residual mass :math:`\\sum_{i \\in G} (p_i - x_i)_+` per group: :math:`(P_G - x_G)_+`
+        for a group with all its tokens on one side of :math:`x_i = p_i` (every group but those left
+        straddling, whose tokens are found over the vocabulary and summed: O(V) each, when asked)."""
+        r = self.res_g.copy()
+        for G in np.flatnonzero(np.isnan(r)):
+            r[G] = float(self._group_residual(int(G))[1].sum())
+        return r
+
+    def _group_residual(self, G: int):
+        """``(tokens, (p - x)_+ at them)`` of group ``G``, tokens ascending (one pass over the vocabulary's
+        sub-bucket ids for a group raced whole, none for a single token)."""
+        t = int(self.g_tok[G])
+        if t >= 0:
+            toks = np.array([t], dtype=np.int64)
+        else:
+            lo, hi = int(self.f_lo[G]), int(self.f_hi[G])
+            toks = np.flatnonzero((self.gid - lo).view(np.uint64) < hi - lo)
+        return toks, np.maximum(self.target_law.at(toks) - self.at(toks)[3], 0.0)
+
+    def draw_residual(self, u: float) -> int | None:
+        """One draw from :math:`\\mathrm{norm}((p - x)_+)` with the uniform ``u`` in [0, 1): the group by
+        inverse CDF over :attr:`residual_groups`, then the token by inverse CDF over the group's own
+        residuals, with the conditional uniform ``(u R - C_{G-1}) / R_G``. O(G) plus one pass over
+        the sub-bucket ids (none for a single-token group), instead of the O(V) residual.
+
+        Its law is :math:`\\mathrm{norm}((p - x)_+)`: group G w.p. :math:`R_G / R`, token i of G w.p.
+        :math:`(p_i - x_i)_+ / R_G`, with :math:`R_G = \\sum_{i \\in G} (p_i - x_i)_+` (for a group on
+        one side, :math:`(P_G - x_G)_+` equals that sum up to rounding). A zero-residual token is
+        never drawn (``searchsorted(side="right")`` at both levels). ``None`` when the residual has no
+        mass (probability 0 in exact arithmetic; the caller draws from the target with the same ``u``)."""
+        r = self.residual_groups
+        while True:
+            c = np.cumsum(r)
+            if not c[-1] > 0:
+                return None
+            v = u * c[-1]
+            G = int(np.searchsorted(c, v, side="right"))
+            if G >= r.size:  # u * R rounded up to R: the last group with residual mass
+                G = int(np.flatnonzero(r > 0)[-1])
+            toks, res = self._group_residual(G)
+            cc = np.cumsum(res)
+            if cc[-1] > 0:
+                break
+            r = r.copy()  # a rounding-level (P_G - x_G)_+ on a group whose tokens have no residual
+            r[G] = 0.0
+        w = min((v - (c[G - 1] if G else 0.0)) / r[G], 1.0)
+        j = int(np.searchsorted(cc, w * cc[-1], side="right"))
+        if j >= toks.size:
+            j = int(np.flatnonzero(res > 0)[-1])
+        return int(toks[j])
 
     def plan(self) -> Plan:
         """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
@@ -686,8 +744,18 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
         lf.reshape(nb, per)[whole] = left[gw][:, None]
         lf[u_f[~is_t]] = left[ug[~is_t]]
         acc_g = acc_g[~left]
+    # for the residual draw: each group's residual mass, and where its tokens are
+    res_g = np.maximum(P_g - x_g, 0.0)
+    res_g[left] = np.nan
+    f_lo = np.full(G, -1, dtype=np.int64)
+    f_lo[gw] = np.flatnonzero(whole) * per
+    f_lo[ug[~is_t]] = u_f[~is_t]
+    f_hi = f_lo + np.where(f_lo >= 0, 1, 0)
+    f_hi[gw] = f_lo[gw] + per
+    g_tok = np.full(G, -1, dtype=np.int64)
+    g_tok[ug[is_t]] = tok[u_r[is_t]]
     return Rule(pl, ql, fid, base_f, tok[perm], ug[is_t][perm] if tok.size else tok, t1, t0, x0, xd,
-                key1_g, key2_g, float(acc_g.sum()), alpha_g, lf)
+                key1_g, key2_g, float(acc_g.sum()), alpha_g, lf, res_g, f_lo, f_hi, g_tok)
 
 
 def _sub_buckets(split: np.ndarray, per: int) -> np.ndarray:
@@ -944,7 +1012,8 @@ def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
     u = rng.random(d.size)
     theta, key1, key2, x = rl.at(d)
     i = int(np.argmin(np.where(u < theta, key1, key2)))
-    return serve_selected(rng, d, i, rl.target[d[i]], x[i], rl.residual, rl.target)
+    return serve_selected(rng, d, i, rl.target_law.at(d[i : i + 1])[0], x[i], rl.residual, rl.target,
+                          draw=rl.draw_residual)
 
 
 def acceptance(target, draft, k: int) -> float:
