@@ -302,7 +302,7 @@ class Rule:
 
     target_law: Scaled  # the normalised target, evaluated where asked
     draft_law: Scaled  # the normalised draft
-    gid: np.ndarray  # [V] ratio sub-bucket of each token
+    gid: np.ndarray  # [V] ratio sub-bucket of each token (counted from the first bucket present)
     base: np.ndarray  # [sub-buckets] group of each sub-bucket (its bucket's where raced whole)
     split_tok: np.ndarray  # [m] tokens raced alone, ascending
     split_grp: np.ndarray  # [m] their groups
@@ -539,15 +539,19 @@ def _drive(steps, k: int) -> list[Rule]:
     return out
 
 
-def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> np.ndarray:
-    """Sub-bucket id per token (0 = largest ratio); its bucket is ``id >> fine``.
+def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> tuple[np.ndarray, int]:
+    """``(fid, f0)``: the sub-bucket id of each token, counted from ``f0`` (0 = the bucket of the
+    largest ratio present), and ``f0``, the absolute id of that bucket's first sub-bucket; a token's
+    bucket is ``fid >> fine``.
 
     A bucket is a ``2**-bits`` octave slice of the ratio :math:`p/q`, a sub-bucket a ``2**-fine``
     part of it, read from the float64 bit pattern (monotone in the value for positive floats),
     so (sub-)buckets are consecutive in the ratio order and finding them needs no sort: O(V).
-    Ratios above ``2**RATIO_RANGE`` (with ``q = 0``) share the highest sub-bucket, ratios below
-    ``2**-RATIO_RANGE`` (with ``p = 0``) the lowest; ``p = q = 0`` tokens (ratio nan) go to one
-    of the two, where they are never selected.
+    Absolute ids run over the whole range of ratios (0 for ratios above ``2**RATIO_RANGE``, with
+    ``q = 0``; the last for ratios below ``2**-RATIO_RANGE``, with ``p = 0``); counting from the
+    first bucket present keeps the arrays over (sub-)buckets to the range the laws use (a few
+    octaves of the 121). ``p = q = 0`` tokens (ratio nan) go to one of the two ends, where they are
+    never selected.
     """
     lo_f = ((1023 - RATIO_RANGE) << bits) << fine
     hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
@@ -555,11 +559,12 @@ def _ratio_bins(p: np.ndarray, q: np.ndarray, bits: int, fine: int) -> np.ndarra
         code = np.divide(p, q).view(np.int64)
     np.right_shift(code, 52 - bits - fine, out=code)
     np.clip(code, lo_f, hi_f, out=code)
-    return np.subtract(hi_f, code, out=code)  # 0 .. (buckets << fine) - 1, descending ratio
+    f0 = ((hi_f - int(code.max())) >> fine) << fine
+    return np.subtract(hi_f - f0, code, out=code), f0  # 0 .. (buckets << fine) - 1, descending ratio
 
 
 def _bin_bounds(f: np.ndarray, bits: int, fine: int):
-    """Ratio bounds ``[lo, hi)`` of the sub-buckets ``f`` (ids of :func:`_ratio_bins`)."""
+    """Ratio bounds ``[lo, hi)`` of the sub-buckets of absolute ids ``f`` (:func:`_ratio_bins`)."""
     hi_f = (((1023 + RATIO_RANGE) << bits) + 1 << fine) - 1
     code = hi_f - f
     shift = 52 - bits - fine
@@ -570,11 +575,11 @@ def _bin_bounds(f: np.ndarray, bits: int, fine: int):
     return lo, hi
 
 
-@functools.lru_cache(maxsize=64)
-def _bucket_bounds(bits: int, fine: int, nb: int):
-    """Ratio bounds ``[lo, hi)`` of the first ``nb`` buckets (those of their lowest and highest
-    sub-buckets), read-only."""
-    f = np.arange(nb) * (1 << fine)
+@functools.lru_cache(maxsize=256)
+def _bucket_bounds(bits: int, fine: int, b0: int, nb: int):
+    """Ratio bounds ``[lo, hi)`` of the ``nb`` buckets from absolute bucket ``b0`` on (those of their
+    lowest and highest sub-buckets), read-only."""
+    f = (b0 + np.arange(nb)) * (1 << fine)
     lo = _bin_bounds(f + (1 << fine) - 1, bits, fine)[0]
     hi = _bin_bounds(f, bits, fine)[1]
     lo.flags.writeable = hi.flags.writeable = False
@@ -606,7 +611,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     fine = FINE_BITS
     per = 1 << fine
     pl, ql = laws if laws is not None else (Scaled(p), Scaled(q))
-    fid = _ratio_bins(p, q, bits, fine)  # [V] sub-bucket of each token; its bucket is fid >> fine
+    fid, f0 = _ratio_bins(p, q, bits, fine)  # [V] sub-bucket of each token (from f0); bucket: fid >> fine
     nb = (int(fid.max()) >> fine) + 1  # buckets up to the last one used
     nf = nb * per
     P_f = np.bincount(fid, weights=p, minlength=nf)  # [nf] mass per sub-bucket
@@ -614,7 +619,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
     del p, q  # from here on the laws are read at a few tokens only
     starts = np.arange(0, nf, per)
     P_b, Q_b = np.add.reduceat(P_f, starts), np.add.reduceat(Q_f, starts)  # [nb] mass per bucket
-    b_lo, b_hi = _bucket_bounds(bits, fine, nb)
+    b_lo, b_hi = _bucket_bounds(bits, fine, f0 >> fine, nb)
     # tokens per (sub-)bucket, counted only where it matters (a group that might straddle): until
     # then every (sub-)bucket with mass counts as two or more. (Sub-)buckets holding only tokens
     # with p = q = 0 (ratio nan) have no group: their tokens take a neighbour's, never selected.
@@ -671,7 +676,7 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
         P_u, Q_u = np.empty(u.size), np.empty(u.size)
         P_u[~is_t], Q_u[~is_t] = P_f[u_f[~is_t]], Q_f[u_f[~is_t]]
         P_u[is_t], Q_u[is_t] = P_t[u_r[is_t]], Q_t[u_r[is_t]]
-        lo_u, hi_u = _bin_bounds(u_f, bits, fine)
+        lo_u, hi_u = _bin_bounds(u_f + f0, bits, fine)
         # all groups: whole buckets and the units of split buckets
         cnt = np.bincount(u_b, minlength=nb)
         size = np.where(split, cnt, nonempty)
