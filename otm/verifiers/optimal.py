@@ -196,6 +196,8 @@ def _split(cA, L, Q, Vt, theta_split, k):
 
     With a = c - T and b = (c - S - Q + T) = W - a this is a^k + (W - a)^k = C, convex and
     increasing in a on a >= W/2; Newton from the upper bound a = C^(1/k) decreases monotonically.
+    At k = 2 it starts from the root in closed form (its rounding polished by Newton, which then
+    stops after a step or two instead of about eight).
     """
     lo = np.maximum(0.0, Q - (L - theta_split))
     hi = np.minimum(Q, theta_split)
@@ -203,7 +205,10 @@ def _split(cA, L, Q, Vt, theta_split, k):
     W = cs - Q + cA
     C = np.maximum(cA**k + cs**k - Vt, 0.0)
     a_min, a_max = cA - hi, cA - lo
-    a = np.clip(C ** (1.0 / k), a_min, a_max)
+    if k == 2:  # the root itself, a = (W + sqrt(2C - W^2)) / 2: Newton then stops after one step
+        a = np.clip(0.5 * (W + np.sqrt(np.maximum(2.0 * C - W * W, 0.0))), a_min, a_max)
+    else:
+        a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
     shape = a.shape
     a = a.ravel()
