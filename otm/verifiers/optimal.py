@@ -132,8 +132,10 @@ sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap belo
 1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
 group layout. Per position: O(V) passes (the ratio's bits, two weighted bincounts, the
 tokens of the two single sub-buckets),
-one group layout, and O(k) for the race and the accept test; the O(V) residual
-:math:`(p - x)_+` only after a rejection (:class:`Rule` evaluates lazily). Times:
+one group layout, and O(k) for the race and the accept test; after a rejection, the draw
+from :math:`\mathrm{norm}((p - x)_+)` goes group first (inverse CDF over the groups' residual
+masses :math:`(P_G - x_G)_+`), then to a token of that group (one pass over the sub-bucket
+ids): :meth:`Rule.draw_residual`, never the O(V) residual itself. Times:
 ``docs/torch_verifiers.md``.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)  # alpha* = 0.2 + 1 - 0.6**2
@@ -301,8 +303,9 @@ class Rule:
     """One position's grouped rule (:func:`rule`), evaluated lazily.
 
     Per token asked: O(1) (its group from its ratio's bits, then the group's coefficients:
-    ``theta_i = clip(t1 r_i + t0, 0, 1)``, ``x_i = q_i (x0 + theta_i xd)``); the whole residual
-    ``(p - x)_+`` costs O(V) and is needed only after a rejection.
+    ``theta_i = clip(t1 r_i + t0, 0, 1)``, ``x_i = q_i (x0 + theta_i xd)``); a draw from the
+    residual ``(p - x)_+`` after a rejection costs O(G) and one pass over the sub-bucket ids
+    (:meth:`draw_residual`); the whole residual (:meth:`residual`, O(V)) is for the exact law.
     """
 
     target_law: Scaled  # the normalised target, evaluated where asked
@@ -1011,8 +1014,10 @@ def law(target, draft, drafts) -> np.ndarray:
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected.
 
-    The rule is evaluated lazily (:class:`Rule`): at the k drafts, and over the vocabulary only
-    for the residual after a rejection; same decisions as :func:`_sample` on ``rule.plan()``.
+    The rule is evaluated lazily (:class:`Rule`): at the k drafts, and after a rejection the
+    residual is drawn group first (:meth:`Rule.draw_residual`); the same selection and accept
+    decisions as :func:`_sample` on ``rule.plan()`` (whose residual draw is the inverse CDF over
+    the tokens: the same law, another token for the same uniform).
     """
     target, draft, d = check_inputs(target, draft, drafts)
     return _sample_rule(_rule(target, draft, d.size), d, rng)
