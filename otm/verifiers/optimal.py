@@ -249,6 +249,11 @@ MAX_GROUP_BITS = 10
 FINE_BITS = 5
 """Sub-buckets per bucket: ``2**FINE_BITS``; the buckets around the cut are raced as their sub-buckets."""
 
+SINGLE_MAX = 32
+"""A straddling whole bucket of at most this many tokens is split into single tokens at once; a
+larger one into its sub-buckets first (a bucket of hundreds of tokens at once made rounds of
+750-1900 groups on the embedded pair's real laws)."""
+
 SPLIT_TOLERANCE = 1e-12
 """Straddling groups whose acceptance losses are together bounded by this are left whole."""
 
@@ -726,11 +731,14 @@ def _rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, la
         straddle[cheap] = False
         if not straddle.any() or round_ == REFINE_ROUNDS:
             break
-        # straddling whole buckets: all their tokens single; straddling sub-buckets: theirs
+        # straddling whole buckets: raced as their sub-buckets from the next round (all their tokens
+        # single where they hold at most SINGLE_MAX); straddling sub-buckets: their tokens single
         wb = np.zeros(nb, dtype=bool)
         wb[whole] = straddle[gw]
         split |= wb
-        single.reshape(nb, per)[wb] = True
+        few = np.zeros(nb, dtype=bool)
+        few[whole] = straddle[gw] & (n_g[gw] <= SINGLE_MAX)
+        single.reshape(nb, per)[few] = True
         single[u_f[~is_t & straddle[ug]]] = True
     # per group: theta_i = clip(t1 r_i + t0), x_i = q_i (x0 + theta_i xd): one theta and x_i = w q_i,
     # or, where the group spreads, theta_i = (lambda r_i - b)/(a - b)
