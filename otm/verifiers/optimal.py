@@ -198,8 +198,11 @@ def _split(cA, L, Q, Vt, theta_split, k):
 
     With a = c - T and b = (c - S - Q + T) = W - a this is a^k + (W - a)^k = C, convex and
     increasing in a on a >= W/2; Newton from the upper bound a = C^(1/k) decreases monotonically.
-    At k = 2 it starts from the root in closed form (its rounding polished by Newton, which then
-    stops after a step or two instead of about eight).
+    At k = 2 and 4 it starts from the root in closed form, its rounding polished by Newton (which
+    then stops after a step or two instead of about eight): with a = m + t, m = W/2, the equation
+    is symmetric in t, 2 m^2 + 2 t^2 = C at k = 2 and 2 (m^4 + 6 m^2 t^2 + t^4) = C at k = 4, a
+    quadratic in t^2 whose root is written t^2 = (C/2 - m^4) / (3 m^2 + sqrt(8 m^4 + C/2)) (no
+    cancellation between the square root and 3 m^2).
     """
     lo = np.maximum(0.0, Q - (L - theta_split))
     hi = np.minimum(Q, theta_split)
@@ -207,8 +210,15 @@ def _split(cA, L, Q, Vt, theta_split, k):
     W = cs - Q + cA
     C = np.maximum(cA**k + cs**k - Vt, 0.0)
     a_min, a_max = cA - hi, cA - lo
-    if k == 2:  # the root itself, a = (W + sqrt(2C - W^2)) / 2: Newton then stops after one step
-        a = np.clip(0.5 * (W + np.sqrt(np.maximum(2.0 * C - W * W, 0.0))), a_min, a_max)
+    if k in (2, 4):  # the root itself, a = m + t with m = W/2 (see the docstring): Newton then polishes
+        m = 0.5 * W
+        m2 = m * m
+        if k == 2:
+            t2 = 0.5 * C - m2
+        else:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                t2 = (0.5 * C - m2 * m2) / (3.0 * m2 + np.sqrt(8.0 * m2 * m2 + 0.5 * C))
+        a = np.clip(m + np.sqrt(np.maximum(np.nan_to_num(t2), 0.0)), a_min, a_max)
     else:
         a = np.clip(C ** (1.0 / k), a_min, a_max)
     tol = 4 * np.finfo(float).eps
