@@ -165,12 +165,15 @@ NEWTON_STEPS = 12
 
 
 def _dpow(a: np.ndarray, b: np.ndarray, d: np.ndarray, k: int) -> np.ndarray:
-    """``a**k - b**k`` for ``a >= b >= 0`` given ``d = a - b`` exactly: ``d * sum a^j b^(k-1-j)``."""
-    s = np.zeros(np.broadcast(a, b).shape)
-    aj = np.ones_like(s)
-    for j in range(k):
-        s += aj * b ** (k - 1 - j)
-        aj = aj * a
+    """``a**k - b**k`` for ``a >= b >= 0`` given ``d = a - b`` exactly: ``d * sum a^j b^(k-1-j)``,
+    the sum by Horner in b (``S_m = b S_{m-1} + a^m``, all terms non-negative)."""
+    shape = np.broadcast(a, b).shape
+    s = np.ones(shape)
+    am = np.ones(shape)
+    for _ in range(k - 1):
+        am *= a
+        s *= b
+        s += am
     return d * s
 
 
