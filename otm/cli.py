@@ -113,6 +113,11 @@ def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, st
         from .verifiers import optimal_without_replacement
 
         return optimal_without_replacement.acceptance(target, draft, k), "exact law by enumeration of the draft sets"
+    if name == "optimal_embedded":
+        from .verifiers import optimal_embedded
+
+        return (optimal_embedded.acceptance(target, draft, k),
+                "selection acceptance sum min(x_iid, target) (the iid rule's); membership is at least this")
     if name == "rrs_without_replacement":
         from .verifiers.rrs_without_replacement import acceptance
 
