@@ -214,7 +214,7 @@ def _sets(draft, k):
         raise OtmError(
             f"optimal_without_replacement computes its Luce law by enumerating the {n:,} draft sets "
             f"(V={draft.size}, k={k}), above MAX_SETS={MAX_SETS:,}: no real-vocabulary law yet; "
-            "selection_target gives x* at any V, rrs_without_replacement is the large-V verifier"
+            "selection_target gives x* at any V; optimal_embedded and rrs_without_replacement are the large-V verifiers"
         )
     rows = scheme.rows(fold=True)
     return rows.tokens.reshape(-1, k), rows.mass
