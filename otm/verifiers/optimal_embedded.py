@@ -98,8 +98,8 @@ from . import optimal
 from .base import Outcome, check_inputs, residual_law, serve_selected
 from .optimal import OptimalBound
 
-MAX_K = 10
-"""Largest k :func:`law` enumerates the walk for (Bell(10) = 115,975 paths); the sampler has no limit."""
+MAX_K = 8
+"""Largest k :func:`law` enumerates the walk for (Bell(8) = 4,140 paths; the race arrays grow as Bell(k) (2k)^2); the sampler has no limit."""
 
 MC_SAMPLES = 2000
 """Default number of draft sets for :func:`membership_acceptance` at large V."""
