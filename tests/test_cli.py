@@ -24,7 +24,7 @@ def test_json_is_one_object_with_every_applicable_verifier(scheme, capsys):
     assert abs(report["optimal"]["lp"] - report["optimal"]["fast"]) < 1e-9
     expected = {
         "iid": {"kseq", "rrs", "lp_optimal", "optimal"},
-        "without_replacement": {"rrs_without_replacement", "lp_optimal", "optimal_without_replacement"},
+        "without_replacement": {"rrs_without_replacement", "lp_optimal", "optimal_without_replacement", "optimal_embedded"},
         "greedy": {"greedy", "lp_optimal"},
         "spechub": {"spechub", "lp_optimal"},
     }[scheme]
@@ -171,3 +171,14 @@ def test_law_files_bad_input(tmp_path):
         assert proc.returncode == 2 and proc.stdout == "", (args, proc.stdout)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_rule_whose_exact_law_has_its_own_limit_falls_back_to_its_closed_form(monkeypatch):
+    from otm.cli import acceptance_report
+    from otm.verifiers import optimal_embedded
+
+    monkeypatch.setattr(optimal_embedded, "MAX_K", 2)  # its law now refuses k = 3
+    report = acceptance_report([0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], 3, "without_replacement")
+    entry = report["verifiers"]["optimal_embedded"]
+    assert entry["law_error"] is None and "selection acceptance" in entry["method"]
+    assert report["verifiers"]["rrs_without_replacement"]["law_error"] < 1e-9  # the others still enumerated

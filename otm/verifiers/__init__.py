@@ -14,6 +14,8 @@ name                        scheme(s)                      source
                                                            lexicographically optimal base (reports its gap)
 ``optimal_without_replacement`` ``without_replacement``,   the same form; layered Luce choice reaching the
                             small V (enumerated sets)      lexicographically optimal base (reports its gap)
+``optimal_embedded``        ``without_replacement``,       ``optimal`` run on the iid draws embedded in the
+                            any V                          drafts (walk of repeats): acceptance >= alpha*_iid
 =========================== ============================== ===================================
 
 ``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.Bound`
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..schemes import Scheme
-from . import (greedy, kseq, lp_optimal, optimal, optimal_without_replacement, rrs, rrs_without_replacement, spechub,
-               speculative)
+from . import (greedy, kseq, lp_optimal, optimal, optimal_embedded, optimal_without_replacement, rrs,
+               rrs_without_replacement, spechub, speculative)
 from .base import NOT_ACCEPTED, Bound, Outcome
 
 
@@ -60,6 +62,7 @@ VERIFIERS: dict[str, Verifier] = {
         Verifier("lp_optimal", lp_optimal, ("*",)),
         Verifier("optimal", optimal, ("iid",)),
         Verifier("optimal_without_replacement", optimal_without_replacement, ("without_replacement",)),
+        Verifier("optimal_embedded", optimal_embedded, ("without_replacement",)),
     )
 }
 

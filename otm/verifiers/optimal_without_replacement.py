@@ -88,6 +88,10 @@ What is proved, what is measured, what is missing
   of the race's generating functions, integrated over the Luce key) -- not done. The cheap rules
   with exact laws at any V lose up to all of :math:`\alpha^*` on adversarial small laws (ratio
   priority, layered earliest draw, two-order mixtures: worst acceptance/alpha* below 1e-4).
+  Since then: :mod:`otm.verifiers.optimal_embedded` is exact at any V with acceptance at least
+  :math:`\alpha^*_{iid}` (close to :math:`\alpha^*` except on sharp draft laws), and
+  ``analysis/wor_two_pass.py`` computes a two-pass layered rule's law by the race quadrature at
+  V = 49152 (gap 3e-13 to 6e-5, but minutes per position): ``docs/theory.md`` section 3.
 
 >>> round(acceptance([0.6, 0.3, 0.1], [0.1, 0.2, 0.7], 2), 6)  # alpha* without replacement (RRSw: 0.7)
 0.758333
@@ -210,7 +214,7 @@ def _sets(draft, k):
         raise OtmError(
             f"optimal_without_replacement computes its Luce law by enumerating the {n:,} draft sets "
             f"(V={draft.size}, k={k}), above MAX_SETS={MAX_SETS:,}: no real-vocabulary law yet; "
-            "selection_target gives x* at any V, rrs_without_replacement is the large-V verifier"
+            "selection_target gives x* at any V; optimal_embedded and rrs_without_replacement are the large-V verifiers"
         )
     rows = scheme.rows(fold=True)
     return rows.tokens.reshape(-1, k), rows.mass
