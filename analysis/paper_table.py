@@ -5,8 +5,10 @@ k = 2, 4, 8 drafts, the mean over positions of
 
 * alpha*(iid) (the optimum for k i.i.d. drafts; Khisti's "Optimal"), K-SEQ (SpecTr), RRS
   (SpecInfer), all exact closed forms;
-* alpha*(w/o replacement) and RRS without replacement (unbiased Monte Carlo with its standard
-  error: the exact path sum does not fit at V = 49152);
+* alpha*(w/o replacement), RRS without replacement (unbiased Monte Carlo with its standard
+  error: the exact path sum does not fit at V = 49152) and ``optimal_embedded`` (the iid optimal
+  rule on the iid sequence embedded in the drafts without replacement: its membership acceptance
+  P(output is a draft), a Rao-Blackwellised Monte Carlo over draft sets with its standard error);
 * alpha*(greedy) = Hu et al.'s greedy verifier (exact);
 
 computed on the next-token laws of the embedded target (SmolLM2-135M-Instruct) and draft, at
@@ -52,7 +54,7 @@ KHISTI = {
 }  # fmt: skip
 KHISTI_KS = (2, 4, 8)
 
-COLUMNS = ("opt_iid", "kseq", "rrs", "optimal", "opt_wo", "rrsw", "opt_greedy", "greedy")
+COLUMNS = ("opt_iid", "kseq", "rrs", "optimal", "opt_wo", "rrsw", "emb", "opt_greedy", "greedy")
 
 
 def default_loader():
@@ -139,7 +141,10 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
     """This table's columns at one position, from :func:`otm.decode.profile.position_acceptances` (k >= 2)."""
     from otm.decode.profile import position_acceptances
 
+    from otm.verifiers import optimal_embedded
+
     r = position_acceptances(target, draft, k, paths=paths, rng=rng)
+    emb = optimal_embedded.membership_acceptance(target, draft, k, samples=paths, rng=rng)
     return {
         "opt_iid": r["alpha_iid"],
         "kseq": r["kseq"],
@@ -148,6 +153,8 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
         "opt_wo": r["alpha_without_replacement"],
         "rrsw": r["rrs_without_replacement"],
         "rrsw_var": r["rrs_without_replacement_se"] ** 2,
+        "emb": emb.value,  # optimal_embedded: P(output is a draft), Rao-Blackwellised Monte Carlo over S
+        "emb_var": emb.se**2,
         "opt_greedy": r.get("alpha_greedy", float("nan")),
         "greedy": r.get("greedy", float("nan")),
     }
@@ -162,7 +169,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     out = Path(out)
     if not 1 <= prompts <= len(PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(PROMPTS)}, got {prompts}")
-    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}-v2"  # v2: optimal column
+    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}-v3"  # v2: optimal column; v3: optimal_embedded
     fp = loader.fingerprint() if hasattr(loader, "fingerprint") else "na"
     cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{fp}-{key}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +198,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
         for c in COLUMNS:
             row[c] = float(np.mean([p[c] for p in pos]))
         row["rrsw_se"] = float(np.sqrt(np.sum([p["rrsw_var"] for p in pos])) / len(pos))
+        row["emb_se"] = float(np.sqrt(np.sum([p["emb_var"] for p in pos])) / len(pos))
         if k in KHISTI_KS:
             j = KHISTI_KS.index(k)
             for data, vals in KHISTI.items():
@@ -201,7 +209,9 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     cond = (
         f"Mean per-token acceptance over {prompts} prompts x {positions} target-sampled positions, both laws at "
         f"temperature {temperature:g}, V={V}, loader `{getattr(loader, '__name__', 'loader')}`; RRS w/o repl. by "
-        f"unbiased Monte Carlo ({paths} paths per position; rrsw_se its standard error). Khisti et al. Table 3 "
+        f"unbiased Monte Carlo ({paths} paths per position; rrsw_se its standard error); emb: optimal_embedded "
+        f"(the iid optimal rule on the iid draws embedded in the drafts without replacement), P(output is a draft), "
+        f"Rao-Blackwellised Monte Carlo over {paths} draft sets per position (emb_se). Khisti et al. Table 3 "
         f"(XSum, Dolly; OPT models; their 'SpecTr' = K-SEQ, 'SpecInfer' = RRS, 'IS' = their scheme) for shape only; "
         f"Hu et al. Table 1 numbers not retrieved. Command: `python analysis/paper_table.py --prompts {prompts} "
         f"--positions {positions} --temperature {temperature:g}{command_extra}` ({time.perf_counter() - t0:.0f} s)"
