@@ -66,8 +66,9 @@ upper bound on how far the rule falls short of the optimum for drafts without re
 Cost
 ----
 Set-up: the iid rule (:func:`otm.verifiers.optimal.rule`, O(V) passes, no sort). Per verification:
-the walk (k - 1 uniforms, O(k^2)), the race (k uniforms), the accept test, and the O(V) residual
-only after a rejection. :func:`law` enumerates the walk's paths, the restricted-growth sequences of
+the walk (k - 1 uniforms, O(k^2)), the race (k uniforms), the accept test, and after a rejection
+one draw from the residual, group first (:meth:`otm.verifiers.optimal.Rule.draw_residual`).
+:func:`law` enumerates the walk's paths, the restricted-growth sequences of
 length k (Bell(k): 2, 5, 15, 52, 203, 877, 4140 for k = 2..8), vectorised.
 
 Measured at V = 49152 (``analysis/bench_embedded.py``, table in ``docs/theory.md`` section 3;
@@ -233,7 +234,7 @@ def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: 
     u = rng.random(d.size)
     keys = np.where(u < theta[path], key1[path], key2[path])
     j = int(path[int(np.argmin(keys))])  # the selected draft's index in S
-    return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.residual, target)
+    return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.residual, target, draw=rl.draw_residual)
 
 
 def _check_k(d: np.ndarray) -> None:
