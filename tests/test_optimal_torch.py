@@ -60,9 +60,13 @@ def pair(rng, size):
 # -- uniform by uniform ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("host", [True, False], ids=["host-decisions", "torch-decisions"])
 @pytest.mark.parametrize("size", [2, 3, 5, 8])
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_same_uniforms_same_outcome_as_numpy(size, k):
+def test_same_uniforms_same_outcome_as_numpy(size, k, host, monkeypatch):
+    """Both decision paths (numpy on the CPU, as the verifier runs there; torch ops, as off the CPU)
+    give the numpy sampler's token and index for the same uniforms, edges 0 and U_MAX included."""
+    monkeypatch.setattr(topt, "HOST_DECISIONS", host)
     rng = np.random.default_rng(100 * size + k)
     rows = 50
     laws = [pair(rng, size) for _ in range(rows)]
@@ -233,9 +237,12 @@ def test_exact_mode_of_the_decoder_with_optimal(setting, k, length):
     assert ex.acceptance_by_depth[0] >= ks.acceptance_by_depth[0] - 1e-12, (ex.acceptance_by_depth, ks.acceptance_by_depth)
 
 
-def test_batched_rows_of_different_laws_match_numpy_row_by_row():
+@pytest.mark.parametrize("host", [True, False], ids=["host-decisions", "torch-decisions"])
+def test_batched_rows_of_different_laws_match_numpy_row_by_row(host, monkeypatch):
     """A batch of distinct real-size rows (V = 4000, rows repeated to exercise sharing): same uniforms,
-    same outcome as the numpy sampler on each row (the rows' set-ups are solved together)."""
+    same outcome as the numpy sampler on each row (the rows' set-ups are solved together), on both
+    decision paths."""
+    monkeypatch.setattr(topt, "HOST_DECISIONS", host)
     rng = np.random.default_rng(21)
     V, k, rows = 4000, 4, 12
     z = rng.standard_normal((4, V)) * 3.0
