@@ -92,6 +92,12 @@ def accept(rng: np.random.Generator, numerator: float, denominator: float) -> bo
     return rng.random() * denominator < numerator
 
 
+def require_scheme(scheme, name: str, verifier: str, hint: str) -> None:
+    """Refuse, in one line, to bind ``verifier`` to a scheme other than ``name`` (``hint``: what to use)."""
+    if getattr(scheme, "name", None) != name:
+        raise OtmError(f"{verifier} is for the {name} scheme only, not {getattr(scheme, 'name', scheme)!r}: {hint}")
+
+
 def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, x_y: float, residual,
                    fallback: np.ndarray, draw=None) -> Outcome:
     """Single-draft speculative sampling after selecting draft ``d[i]`` with selection law ``x``
@@ -123,6 +129,7 @@ __all__ = [
     "check_inputs",
     "residual_law",
     "serve_selected",
+    "require_scheme",
     "residual_sample",
     "accept",
     "positive_part",

@@ -150,7 +150,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
-from .base import Bound, Outcome, check_inputs, residual_law, serve_selected
+from .base import Bound, Outcome, check_inputs, require_scheme, residual_law, serve_selected
 
 THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
     f for f in (i / 16 for i in range(17)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
@@ -1080,11 +1080,7 @@ def bind(target, scheme) -> OptimalBound:
     from ..optimum import optimal_acceptance_of
     from ..schemes import check_target
 
-    if getattr(scheme, "name", None) != "iid":
-        raise OtmError(
-            f"the optimal verifier is for the iid scheme only, not {getattr(scheme, 'name', scheme)!r}: "
-            "use lp_optimal (small V) or the scheme's own verifier"
-        )
+    require_scheme(scheme, "iid", "the optimal verifier", "use lp_optimal (small V) or the scheme's own verifier")
     target = check_target(scheme, target)
     plan = build(target, scheme.draft, scheme.k)
     k = scheme.k

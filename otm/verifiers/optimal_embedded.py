@@ -96,7 +96,7 @@ import numpy as np
 
 from ..laws import OtmError, check_k, check_law
 from . import optimal
-from .base import Outcome, check_inputs, residual_law, serve_selected
+from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound
 
 MAX_K = 8
@@ -357,11 +357,7 @@ def bind(target, scheme) -> EmbeddedBound:
     from ..optimum import optimal_acceptance_of
     from ..schemes import IID, check_target
 
-    if getattr(scheme, "name", None) != "without_replacement":
-        raise OtmError(
-            f"optimal_embedded is for the without_replacement scheme only, not "
-            f"{getattr(scheme, 'name', scheme)!r}: use optimal (iid) or lp_optimal (small V)"
-        )
+    require_scheme(scheme, "without_replacement", "optimal_embedded", "use optimal (iid) or lp_optimal (small V)")
     target = check_target(scheme, target)
     draft, k = scheme.draft, scheme.k
     rl = optimal._rule(target, draft, k)

@@ -105,7 +105,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from ..laws import OtmError, check_k, check_law
-from .base import Outcome, check_inputs, residual_law, serve_selected
+from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
 
 MAX_SETS = 200_000
@@ -355,11 +355,7 @@ def bind(target, scheme) -> OptimalBound:
     from ..optimum import optimal_acceptance_of
     from ..schemes import check_target
 
-    if getattr(scheme, "name", None) != "without_replacement":
-        raise OtmError(
-            f"optimal_without_replacement is for the without_replacement scheme only, not "
-            f"{getattr(scheme, 'name', scheme)!r}: use optimal (iid) or lp_optimal (small V)"
-        )
+    require_scheme(scheme, "without_replacement", "optimal_without_replacement", "use optimal (iid) or lp_optimal (small V)")
     target = check_target(scheme, target)
     plan = build(target, scheme.draft, scheme.k)
     k = scheme.k
