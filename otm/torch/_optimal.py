@@ -16,10 +16,12 @@ normalisation first), row by row while the row is in cache, and given to the gro
 vocabulary; the layered two-pass race over the groups), evaluated lazily: at the k drafted
 tokens, and for the rows that reject a draw from their residual (group first, then a token of
 that group: one pass over the sub-bucket ids, not the O(V) residual). Rows with
-equal laws within one call share one set-up. The race, the accept test and the residual
-draw are batched torch on the input device, with float64 decisions and the float64 inverse
-CDF of :mod:`otm.torch._core`. Measured times beside :func:`otm.torch.kseq`:
-``docs/torch_verifiers.md``.
+equal laws within one call share one set-up. The race and the accept test are float64
+comparisons on the set-up's arrays: in numpy on the CPU (:data:`HOST_DECISIONS`), batched torch
+on any other device, the same comparisons either way; the residual draw is the rule's own
+(:meth:`otm.verifiers.optimal.Rule.draw_residual`, on the host), and the target's float64 inverse
+CDF of :mod:`otm.torch._core` only where a residual has no mass. Measured times beside
+:func:`otm.torch.kseq`: ``docs/torch_verifiers.md``.
 
 Uniforms. Each row uses ``k + 2`` uniforms in [0, 1): uniform ``i < k`` decides the pass
 of draft position ``i`` (pass 1 iff ``u_i < theta(d_i)``), uniform ``k`` the accept test,
