@@ -168,12 +168,9 @@ def acceptance_report(
     enumerable = scheme.n_tuples() <= max_tuples
     for v in applicable(scheme):
         ev = None
-        if enumerable and (v.name != "lp_optimal" or lp is not None):
-            try:
-                ev = evaluate(v, scheme, target, limit=max_tuples)
-            except OtmError:  # a rule whose exact law has a limit of its own (optimal_embedded: k <= MAX_K)
-                if v.name == "lp_optimal":
-                    raise
+        law_fits = k <= getattr(v.module, "MAX_K", k)  # a rule whose exact law has a k limit of its own
+        if enumerable and law_fits and (v.name != "lp_optimal" or lp is not None):  # (optimal_embedded)
+            ev = evaluate(v, scheme, target, limit=max_tuples)
         if ev is not None:
             verifiers[v.name] = {"acceptance": ev.acceptance, "law_error": ev.law_error,
                                  "method": f"enumeration of {scheme.n_tuples():,} draft tuples"}

@@ -135,16 +135,16 @@ def _x_off(plans):
     """Bug: the selection law used by the accept test and the residual is 10% high at token 0."""
 
     def wrapped(p, q, d, k):
-        theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets = plans(p, q, d, k)
+        theta_d, key1_d, key2_d, target_d, x_d, draws, targets = plans(p, q, d, k)
 
         def bad_draws(rows, us):
-            res, target = residuals(rows), targets(rows)
+            target = targets(rows)
+            res = np.stack([npo.rule(p[r], q[r], k).residual() for r in rows])  # (target - x)_+, honest
             x0 = target[:, 0] - res[:, 0]  # x at token 0 where the residual there is positive
             res[:, 0] = np.where(res[:, 0] > 0, np.maximum(target[:, 0] - 1.1 * x0, 0.0), 0.0)
             return [inverse_cdf(r, u) for r, u in zip(res, us)]
 
-        return (theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_draws, residuals,
-                targets)
+        return theta_d, key1_d, key2_d, target_d, np.where(d == 0, 1.1 * x_d, x_d), bad_draws, targets
 
     return wrapped
 

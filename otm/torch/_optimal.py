@@ -94,14 +94,12 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
 
     ``p``, ``q`` float32 or float64 ``[batch, V]`` as given (rows summing to 1 up to rounding;
     each is normalised in float64 as :func:`otm.laws.check_law` does), ``d [batch, k]``.
-    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets)``: the race arrays,
-    the target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted
+    Returns ``(theta_d, key1_d, key2_d, target_d, x_d, draws, targets)``: the race arrays, the
+    target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted
     tokens, ``[batch, k]``; ``draws(rows, us)`` gives one draw from ``norm((target - x)_+)`` per row
     that needs one, with its uniform (:meth:`~otm.verifiers.optimal.Rule.draw_residual`: group, then
-    token; None where the residual has no mass); ``residuals(rows)`` the whole ``(target - x)_+``
-    ``[len(rows), V]`` float64 (:meth:`~otm.verifiers.optimal.Rule.residual`: not used by the
-    verifier, for tests), ``targets(rows)`` the normalised targets (read only where a residual has no
-    mass).
+    token; None where the residual has no mass); ``targets(rows)`` the normalised targets (read only
+    where a residual has no mass).
     Rows with equal laws share one rule.
     """
     batch = p.shape[0]
@@ -136,16 +134,10 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     def draws(rows, us):
         return [rules[r].draw_residual(u) for r, u in zip(rows, us)]
 
-    def residuals(rows):
-        out = np.empty((len(rows), p.shape[1]))
-        for i, r in enumerate(rows):
-            rules[r].residual(out=out[i])
-        return out
-
     def targets(rows):
         return np.stack([rules[r].target for r in rows])
 
-    return theta_d, key1_d, key2_d, target_d, x_d, draws, residuals, targets
+    return theta_d, key1_d, key2_d, target_d, x_d, draws, targets
 
 
 def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None, validate=True) -> Verified:
@@ -183,7 +175,7 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
     host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
     p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))  # no copy for CPU float32/float64
-    theta_d, key1_d, key2_d, p_d, x_d, draws, _, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
+    theta_d, key1_d, key2_d, p_d, x_d, draws, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
     if device.type == "cpu" and HOST_DECISIONS:
         return _decide_on_host(u.numpy(), d.numpy(), k, theta_d, key1_d, key2_d, p_d, x_d, draws, targets)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]

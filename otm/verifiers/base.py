@@ -98,26 +98,36 @@ def require_scheme(scheme, name: str, verifier: str, hint: str) -> None:
         raise OtmError(f"{verifier} is for the {name} scheme only, not {getattr(scheme, 'name', scheme)!r}: {hint}")
 
 
-def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, x_y: float, residual,
-                   fallback: np.ndarray, draw=None) -> Outcome:
+def inverse_cdf_draw(residual):
+    """``draw(u)`` for :func:`serve_selected`: the inverse CDF over ``residual()`` (an O(V) array,
+    built only when a draw is asked), None when it has no mass."""
+
+    def draw(u: float):
+        r = residual()
+        return inverse_cdf(r, u) if r.sum() > 0 else None
+
+    return draw
+
+
+def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, x_y: float, draw,
+                   fallback: np.ndarray) -> Outcome:
     """Single-draft speculative sampling after selecting draft ``d[i]`` with selection law ``x``
     (the canonical form of the ``optimal`` verifiers): accept it w.p. ``min(1, p_y / x_y)``, else
-    draw from ``norm(residual())`` (``residual`` is called only on a rejection; ``fallback`` when it
-    has no mass) and name the first draft equal to the draw, if any.
+    draw from ``norm((target - x)_+)`` with one uniform ``u`` and name the first draft equal to the
+    draw, if any.
 
-    ``draw``, optional: ``draw(u) -> token | None``, a draw from ``norm(residual)`` with the one
-    uniform ``u`` that replaces the inverse CDF over ``residual()`` (None: no residual mass, then the
-    inverse CDF of ``fallback`` at the same ``u``)."""
+    ``draw(u) -> token | None`` draws from the residual with the uniform ``u`` (only called after a
+    rejection): :func:`inverse_cdf_draw` over the whole residual, or a rule's own draw
+    (:meth:`otm.verifiers.optimal.Rule.draw_residual`, group first). None means the residual has no
+    mass (probability 0 in exact arithmetic): then the inverse CDF of ``fallback`` at the same ``u``,
+    as :func:`residual_sample` does."""
     y = int(d[i])
     if accept(rng, p_y, x_y):
         return Outcome(y, i)
-    if draw is None:
-        z = residual_sample(rng, residual(), fallback)
-    else:
-        u = rng.random()
-        z = draw(u)
-        if z is None:
-            z = inverse_cdf(fallback, u)
+    u = rng.random()
+    z = draw(u)
+    if z is None:
+        z = inverse_cdf(fallback, u)
     hit = np.flatnonzero(d == z)
     return Outcome(z, int(hit[0]) if hit.size else None)
 
@@ -129,6 +139,7 @@ __all__ = [
     "check_inputs",
     "residual_law",
     "serve_selected",
+    "inverse_cdf_draw",
     "require_scheme",
     "residual_sample",
     "accept",

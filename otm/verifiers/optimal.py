@@ -150,7 +150,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
-from .base import Bound, Outcome, check_inputs, require_scheme, residual_law, serve_selected
+from .base import Bound, Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
 
 THETA_CANDIDATES = (0.5, 0.25, 0.75, 0.0, 1.0) + tuple(
     f for f in (i / 16 for i in range(17)) if f not in (0.5, 0.25, 0.75, 0.0, 1.0)
@@ -1025,7 +1025,7 @@ def _sample(plan: Plan, target: np.ndarray, d: np.ndarray, rng: np.random.Genera
     u = rng.random(d.size)
     keys = np.where(u < plan.theta[d], plan.key1[d], plan.key2[d])
     i = int(np.argmin(keys))
-    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], lambda: plan.residual, target)
+    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], inverse_cdf_draw(lambda: plan.residual), target)
 
 
 def law(target, draft, drafts) -> np.ndarray:
@@ -1050,8 +1050,7 @@ def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
     u = rng.random(d.size)
     theta, key1, key2, x = rl.at(d)
     i = int(np.argmin(np.where(u < theta, key1, key2)))
-    return serve_selected(rng, d, i, rl.target_law.at(d[i : i + 1])[0], x[i], rl.residual, rl.target,
-                          draw=rl.draw_residual)
+    return serve_selected(rng, d, i, rl.target_law.at(d[i : i + 1])[0], x[i], rl.draw_residual, rl.target)
 
 
 def acceptance(target, draft, k: int) -> float:

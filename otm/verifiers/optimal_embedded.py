@@ -100,7 +100,9 @@ from .base import Outcome, check_inputs, require_scheme, residual_law, serve_sel
 from .optimal import OptimalBound
 
 MAX_K = 8
-"""Largest k :func:`law` enumerates the walk for (Bell(8) = 4,140 paths; the race arrays grow as Bell(k) (2k)^2); the sampler has no limit."""
+"""Largest k :func:`law` enumerates the walk for (Bell(8) = 4,140 paths; the race arrays grow as
+Bell(k) (2k)^2); the sampler has no limit. ``otm acceptance`` reads it (a module's ``MAX_K``) to give
+the closed form instead of the enumerated law above it."""
 
 MC_SAMPLES = 2000
 """Default number of draft sets for :func:`membership_acceptance` at large V."""
@@ -234,7 +236,7 @@ def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: 
     u = rng.random(d.size)
     keys = np.where(u < theta[path], key1[path], key2[path])
     j = int(path[int(np.argmin(keys))])  # the selected draft's index in S
-    return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.residual, target, draw=rl.draw_residual)
+    return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.draw_residual, target)
 
 
 def _check_k(d: np.ndarray) -> None:

@@ -105,7 +105,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 from ..laws import OtmError, check_k, check_law
-from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
+from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
 
 MAX_SETS = 200_000
@@ -327,7 +327,7 @@ def _sample(plan: Plan, target, d, rng: np.random.Generator) -> Outcome:
     w = np.exp(plan.theta[d[idx]] - plan.theta[d[idx]].max())
     c = np.cumsum(w)
     i = int(idx[min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), idx.size - 1)])
-    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], lambda: plan.residual, target)
+    return serve_selected(rng, d, i, target[d[i]], plan.x[d[i]], inverse_cdf_draw(lambda: plan.residual), target)
 
 
 def law(target, draft, drafts) -> np.ndarray:
