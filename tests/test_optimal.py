@@ -341,12 +341,18 @@ def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
 
 
 def test_residual_draw_planted_bugs_are_caught(monkeypatch):
-    """Negative controls for the check above: the token drawn from the target inside its group (the
-    selection law not subtracted), and the group drawn by its target mass P_G instead of its residual
-    mass; each moves the drawn law by more than 1e-3."""
+    """Negative controls for the check above, on a case with groups of several tokens (k = 4, residual
+    mass 0.23), each caught by a law error above 1e-3 (the check resolves 1e-12). TV of the drawn
+    residual law from norm((p - x)_+), and of the output law (times the rejection probability):
+
+    1. inside the group, the target instead of (p - x)_+ (the selection law not subtracted):
+       0.257, output 0.060;
+    2. the group drawn by its target mass P_G instead of its residual mass: 0.039, output 0.009;
+    3. the residual 10% high at one token of each group (the "residual off by 10%" bug): 0.0043,
+       output 1.0e-3."""
     monkeypatch.setattr(optimal, "GROUP_BITS", 0)
     monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
-    target, draft, k = next(_residual_cases())
+    target, draft, k = list(_residual_cases())[2]
     honest = optimal.rule(target, draft, k)
     res = honest.residual()
     want = res / res.sum()
@@ -361,5 +367,17 @@ def test_residual_draw_planted_bugs_are_caught(monkeypatch):
         rl = optimal.rule(target, draft, k)
         P_g = np.bincount(rl.groups(), weights=target, minlength=rl.res_g.size)
         rl.__dict__["residual_groups"] = P_g
+        errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
+    honest_group = optimal.Rule._group_residual
+
+    def ten_percent_high(self, G):
+        toks, r = honest_group(self, G)
+        r = r.copy()
+        r[0] *= 1.1
+        return toks, r
+
+    with monkeypatch.context() as m:  # bug 3: the residual 10% high at one token of each group
+        m.setattr(optimal.Rule, "_group_residual", ten_percent_high)
+        rl = optimal.rule(target, draft, k)
         errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
     assert min(errors) > 1e-3, errors

@@ -74,8 +74,9 @@ def test_same_uniforms_same_outcome_as_numpy(size, k, host, monkeypatch):
     q = np.array([b for _, b in laws])
     d = np.array([rng.choice(size, size=k, p=q[r]) for r in range(rows)])
     u = rng.random((rows, k + 2))
-    u[::4, rng.integers(k + 2)] = 0.0
-    u[1::4, rng.integers(k + 2)] = U_MAX
+    edge = np.arange(0, rows, 4)  # the edges 0 and U_MAX in every column in turn: a pass uniform of 0
+    u[edge, (edge // 4) % (k + 2)] = 0.0  # must leave a theta = 0 token in pass 2 (u < theta, not <=)
+    u[edge + 1, (edge // 4) % (k + 2)] = U_MAX
     out = ot.optimal(t(p), t(q), torch.as_tensor(d), uniforms=t(u))
     for r in range(rows):
         o = npo.sample(p[r], q[r], d[r], SeqRng(u[r]))
