@@ -118,6 +118,11 @@ def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, st
 
         return (optimal_embedded.acceptance(target, draft, k),
                 "selection acceptance sum min(x_iid, target) (the iid rule's); membership is at least this")
+    if name == "kseq_without_replacement":
+        from .verifiers import kseq_without_replacement
+
+        return (kseq_without_replacement.acceptance(target, draft, k),
+                "beta E[N_rho] at the root rho of E[N_rho] = rho (race quadrature)")
     if name == "rrs_without_replacement":
         from .verifiers.rrs_without_replacement import acceptance
 

@@ -24,7 +24,8 @@ def test_json_is_one_object_with_every_applicable_verifier(scheme, capsys):
     assert abs(report["optimal"]["lp"] - report["optimal"]["fast"]) < 1e-9
     expected = {
         "iid": {"kseq", "rrs", "lp_optimal", "optimal"},
-        "without_replacement": {"rrs_without_replacement", "lp_optimal", "optimal_without_replacement", "optimal_embedded"},
+        "without_replacement": {"rrs_without_replacement", "lp_optimal", "optimal_without_replacement", "optimal_embedded",
+                                "kseq_without_replacement"},
         "greedy": {"greedy", "lp_optimal"},
         "spechub": {"spechub", "lp_optimal"},
     }[scheme]

@@ -3,7 +3,6 @@ drawn without replacement. Exact law always; acceptance between alpha*_iid and a
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import numpy as np
@@ -216,20 +215,6 @@ def test_registered_and_refuses_other_schemes():
         with pytest.raises(OtmError) as exc:
             call()
         assert fragment in str(exc.value) and "\n" not in str(exc.value)
-
-
-def test_zero_target_token_never_accepted():
-    target, draft = np.array([0.0, 0.5, 0.0, 0.5, 0.0]), np.array([0.3, 0.1, 0.3, 0.1, 0.2])
-    bound = oe.bind(target, WithoutReplacement(draft, 2))
-
-    class Zero:
-        def random(self, size=None):
-            return 0.0 if size is None else np.zeros(size)
-
-    for t in itertools.permutations(range(5), 2):
-        out = bound.sample(np.array(t), Zero())
-        assert target[out.token] > 0
-        assert out.accepted is None or t[out.accepted] == out.token
 
 
 # (e) a real vocabulary ------------------------------------------------------------------------------

@@ -119,16 +119,19 @@ def test_kseq_edge_cases():
 class ZeroRng:
     """Every uniform is exactly 0: the boundary where `u <= ratio` accepts p = 0 tokens."""
 
-    def random(self):
-        return 0.0
+    def random(self, size=None):
+        return 0.0 if size is None else np.zeros(size)
 
 
-@pytest.mark.parametrize("name", ["speculative", "kseq", "rrs", "rrs_without_replacement", "greedy", "spechub", "lp_optimal"])
+WOR_RULES = ("rrs_without_replacement", "optimal_without_replacement", "optimal_embedded", "kseq_without_replacement")
+
+
+@pytest.mark.parametrize("name", ["speculative", "kseq", "rrs", "greedy", "spechub", "lp_optimal", "optimal", *WOR_RULES])
 def test_zero_probability_tokens_are_never_emitted_even_at_u_zero(name):
     target = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
     draft = np.array([0.3, 0.1, 0.3, 0.1, 0.2])
     k = 1 if name == "speculative" else 2
-    scheme = {"rrs_without_replacement": WithoutReplacement, "greedy": Greedy, "spechub": SpecHub}.get(name, IID)(
+    scheme = {**dict.fromkeys(WOR_RULES, WithoutReplacement), "greedy": Greedy, "spechub": SpecHub}.get(name, IID)(
         draft, k
     )
     bound = VERIFIERS[name].bind(target, scheme)

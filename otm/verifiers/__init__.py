@@ -16,6 +16,9 @@ name                        scheme(s)                      source
                             small V (enumerated sets)      lexicographically optimal base (reports its gap)
 ``optimal_embedded``        ``without_replacement``,       ``optimal`` run on the iid draws embedded in the
                             any V                          drafts (walk of repeats): acceptance >= alpha*_iid
+``kseq_without_replacement`` ``without_replacement``,      K-SEQ's test over the iid arrivals embedded in
+                            any V                          the drafts, to the k-th distinct one (derived
+                                                           here): acceptance >= alpha*_wor / 2, >= K-SEQ
 =========================== ============================== ===================================
 
 ``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.Bound`
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..schemes import Scheme
-from . import (greedy, kseq, lp_optimal, optimal, optimal_embedded, optimal_without_replacement, rrs,
+from . import (greedy, kseq, kseq_without_replacement, lp_optimal, optimal, optimal_embedded, optimal_without_replacement, rrs,
                rrs_without_replacement, spechub, speculative)
 from .base import NOT_ACCEPTED, Bound, Outcome
 
@@ -63,6 +66,7 @@ VERIFIERS: dict[str, Verifier] = {
         Verifier("optimal", optimal, ("iid",)),
         Verifier("optimal_without_replacement", optimal_without_replacement, ("without_replacement",)),
         Verifier("optimal_embedded", optimal_embedded, ("without_replacement",)),
+        Verifier("kseq_without_replacement", kseq_without_replacement, ("without_replacement",)),
     )
 }
 

@@ -1,0 +1,397 @@
+r"""``kseq_without_replacement``: K-SEQ's sequential test over the i.i.d. arrivals embedded in drafts
+drawn without replacement, up to the k-th distinct arrival. Exact at any V; acceptance at least
+half of :math:`\alpha^*_{wor}` (proved) and at least K-SEQ's for i.i.d. drafts.
+
+For k ordered drafts :math:`S = (s_1..s_k)` drawn from :math:`q` (``draft``) WITHOUT replacement
+(successive sampling, scheme ``without_replacement``) and target :math:`p` (``target``).
+
+The arrivals
+------------
+Let :math:`X_1, X_2, \dots` be i.i.d. :math:`q` and :math:`T` the index of the k-th *distinct*
+arrival. The distinct tokens in order of first appearance have exactly the successive-sampling law,
+and given them the arrivals are a walk (:mod:`otm.verifiers.optimal_embedded`, whose proof covers the
+whole sequence up to :math:`T`): with :math:`A_m = \{s_1..s_m\}` seen, the next arrival repeats
+:math:`j \in A_m` w.p. :math:`q_j` or is the next draft :math:`s_{m+1}` w.p. :math:`1 - q(A_m)`.
+So :math:`X_1..X_T` can be generated from S and fresh uniforms, and every arrival is a draft.
+
+The rule
+--------
+With a division factor :math:`\rho \ge 1` let :math:`a_y = \min(1, p_y / (\rho q_y))`. Test the
+arrivals in order: accept :math:`X_t` w.p. :math:`a_{X_t}` and stop; stop rejected after testing
+:math:`X_T`; then draw from the residual. Let N be the number of arrivals tested. The event
+:math:`\{N \ge t\}` depends on :math:`X_{<t}` and their coins only, so
+
+.. math::
+
+    P(\text{accept } y) = \sum_t P(N \ge t)\, q_y a_y = E[N_\rho] \min(q_y, p_y/\rho),
+
+the law of K-SEQ's accepted token with :math:`E[N_\rho]` in place of
+:math:`(1 - (1 - \beta)^k)/\beta`. The residual
+:math:`r = p - E[N_\rho] \min(q, p/\rho)` is non-negative iff :math:`E[N_\rho] \le \rho` (on
+:math:`H_0 = \{p < \rho q\}` it is :math:`p(1 - E[N_\rho]/\rho)`, elsewhere :math:`p - q E[N_\rho]
+\ge q(\rho - E[N_\rho])`); then the output law is exactly :math:`p`. ``rule`` takes a root
+:math:`\rho^*` of :math:`h(\rho) = E[N_\rho] - \rho` (it exists: :math:`h(\rho^*_{iid}) \ge 0` and
+:math:`h(E[T]) \le 0`), rounded up until :math:`E[N_\rho] \le \rho` holds with its quadrature error.
+
+Acceptance
+----------
+At a root, :math:`P(\text{accept}) = \sum_y \min(p_y, \rho^* q_y)`, and
+
+1. **at least** :math:`\alpha^*_{wor}/2`. *Proof.* The optimum is
+   :math:`\alpha^*_{wor} = \min_H [p(H) + P(S \not\subseteq H)]` (theory.md, the dual). Take
+   :math:`H = H_0`. If S meets :math:`H_0^c` some arrival before :math:`T` has :math:`a = 1`, so the
+   test stops accepting at the latest there: :math:`P(S \not\subseteq H_0) \le P(\text{accept})`.
+   And :math:`P(\text{accept}) = p(H_0) + \rho^* q(H_0^c) \ge p(H_0)`. So
+   :math:`\alpha^*_{wor} \le p(H_0) + P(\text{accept}) \le 2 P(\text{accept})`. ∎
+2. **at least K-SEQ's** for k i.i.d. drafts. *Proof.* Coupled on the same arrivals and coins, the
+   i.i.d. test stops at the k-th arrival and this one at the k-th distinct one (:math:`T \ge k`), so
+   :math:`E[N_\rho] \ge E[N^{iid}_\rho]` for every :math:`\rho`; below :math:`\rho^*_{iid}`
+   K-SEQ's :math:`g > 0`, i.e. :math:`E[N^{iid}_\rho] > \rho`, so no root lies there, and
+   :math:`\sum \min(p, \rho q)` is non-decreasing in :math:`\rho`. ∎ Hence also at least
+   :math:`(1 - (1 - 1/k)^k)\, \alpha^*_{iid}`.
+3. At a root the residual vanishes on :math:`H_0`, and a rejection means :math:`S \subseteq H_0`:
+   membership acceptance equals loop acceptance (up to the rounding of :math:`\rho^*`).
+
+No better constant than 1/2 is proved. Measured (``analysis/kseq_wor_search.py``): the ratio to
+:math:`\alpha^*_{wor}` and the comparison with RRSw are in docs/theory.md section 3.
+
+:math:`E[N_\rho]` at any V: the exponential race
+------------------------------------------------
+Let arrivals come at the points of a rate-1 Poisson process: token y's accepted arrivals form a
+Poisson process of rate :math:`\min(q_y, p_y/\rho)` (total :math:`\beta`) and its rejected ones an
+independent one of rate :math:`c_y = (q_y - p_y/\rho)_+`. The test is still running at time s iff
+no accepted arrival came and fewer than k tokens had rejected arrivals, so (optional stopping,
+rate 1)
+
+.. math::
+
+    E[N_\rho] = \int_0^\infty e^{-\beta s}\, P\big(N_c(s) \le k - 1\big)\, ds, \qquad
+    N_c(s) = \#\{y : \text{Poisson}(c_y s) > 0\},
+
+whose count law is the race's (:func:`otm.race_window.states_at`: moment series for the small
+rates, exact products for the large ones, all nodes at once). The integral is a trapezoid rule in
+:math:`\log s` with the closed-form step of :func:`otm.optimum.default_step` (halved while the
+step-2h check differs by more than 1e-11 relative); the part below :math:`s_0 = 10^{-6}` is
+:math:`(1 - e^{-\beta s_0})/\beta` within :math:`s_0^{k+1}/(k+1)!`, the part above
+:math:`s_1 = (42 + \log(1/\lambda))/\lambda` is below :math:`e^{-42}` (:math:`\lambda` = :math:`\beta`
+plus the rejected rates outside the k - 1 largest bounds the integrand's decay). With fewer than k
+tokens of positive :math:`c`, :math:`E[N_\rho] = 1/\beta` exactly.
+
+Cost
+----
+Set-up: K-SEQ's :math:`\rho^*_{iid}`, then a root search in :math:`\log \rho` (Brent), each
+evaluation one race pass, O(V) plus O(k G) per node. Per verification O(k^2) with at most 2k
+uniforms, and one residual draw (inverse CDF) after a rejection. :func:`law` given S is O(k^2 + V).
+
+>>> import numpy as np
+>>> p, q = np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.7, 0.1, 0.1, 0.1])
+>>> rl = rule(p, q, 2)
+>>> round(rl.acceptance, 6), round(float(np.minimum(p, rl.rho * q).sum()), 6)
+(0.904082, 0.904082)
+>>> round(float(law(p, q, [0, 1]).sum()), 12)
+1.0
+
+Pieces: its scheme ``otm.schemes.WithoutReplacement``; the walk and the embedding in
+:mod:`otm.verifiers.optimal_embedded`; the race in :mod:`otm.race_window`; alpha* in :mod:`otm.optimum`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..laws import OtmError, check_k, check_law
+from . import kseq
+from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law
+from .optimal import OptimalBound
+from .optimal_embedded import _avail, _distinct, _rest
+
+S0 = 1e-8
+"""Lower end of the quadrature; the part below it is taken in closed form (error <= S0^(k+1)/(k+1)!)."""
+
+TAIL = 42.0
+"""lambda * s1 - log(1/lambda): the part of the integral above s1 is below e^-42."""
+
+REL_TOL = 1e-11
+"""The step is halved while the step-2h check differs from the step-h sum by more than this, relatively."""
+
+SAFETY = 1e-12
+"""rho is raised above the root by this relative amount (then 10x, 100x, ... up to 1e-3, then by
+bisection) until E[N_rho] plus its quadrature error is at most rho."""
+
+
+def _left_tail(h: float) -> float:
+    """``h/(1 - e^-h)``: the trapezoid rule's nodes at and left of ``y0`` for an integrand ``e^y``,
+    per ``e^y0``; summed over the whole line the rule is exact to ~1e-16 here."""
+    return h / -math.expm1(-h)
+
+
+@dataclass(frozen=True)
+class Trials:
+    """:math:`E[N_\\rho]` by the race quadrature, with the step-2h check difference and the grid size."""
+
+    value: float
+    error: float
+    nodes: int
+
+
+def _rates(target: np.ndarray, draft: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(accepted, rejected)`` arrival rates: ``min(q, p/rho)`` and ``(q - p/rho)_+``."""
+    acc = np.minimum(draft, target / rho)
+    return acc, draft - acc
+
+
+def expected_trials(target, draft, k: int, rho: float, *, step: float | None = None) -> Trials:
+    """:math:`E[N_\\rho]`, the expected number of arrivals the rule tests (module docstring)."""
+    from ..optimum import default_step
+    from ..race_window import Window, states_at
+
+    p = np.asarray(target, dtype=np.float64)
+    q = np.asarray(draft, dtype=np.float64)
+    acc, c = _rates(p, q, float(rho))
+    beta = float(acc.sum())
+    cp = c[c > 0]
+    if cp.size < k:  # fewer than k tokens can be rejected: the test ends at its first acceptance
+        return Trials(1.0 / beta, 0.0, 0)
+    n_low = cp.size - (k - 1)  # the rejected rates outside the k - 1 largest
+    lam = beta + float((np.partition(cp, n_low)[:n_low] if k > 1 else cp).sum())
+    s1 = (TAIL + math.log(1.0 / lam)) / lam
+    h = default_step(k) if step is None else float(step)
+    while True:
+        m = 2 * max(math.ceil((math.log(s1) - math.log(S0)) / (2 * h)), 1)
+        y = math.log(S0) + h * np.arange(m + 1)
+        pmf, _ = states_at(cp, np.array([cp.size]), y, k, Window())
+        s = np.exp(y)
+        f = s * np.exp(-beta * s) * pmf[0].sum(axis=0)
+        # trapezoid sums over the whole line: left of y0 the integrand is e^y (1 - beta e^y + ...)
+        # P(N < k) = e^y up to a relative beta s0 + s0^k, so its nodes there sum to f(y0) * _left_tail(h)
+        fine = h * f[1:].sum() + f[0] * _left_tail(h)
+        coarse = 2 * h * f[2::2].sum() + f[0] * _left_tail(2 * h)
+        value = fine
+        err = abs(fine - coarse)
+        if err <= REL_TOL * value or h < 1e-3:
+            return Trials(value, err, m + 1)
+        h /= 2
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The rule for one position: ``rho``, ``trials`` = E[N_rho], the accepted-arrival rates
+    ``min(q, p/rho)`` and the residual (unnormalised)."""
+
+    target: np.ndarray = field(repr=False)
+    draft: np.ndarray = field(repr=False)
+    k: int
+    rho: float
+    trials: Trials
+    rho_iid: float  # K-SEQ's rho* for k iid drafts: the root search starts there
+    evaluations: int  # E[N_rho] evaluations the root search made
+
+    @property
+    def acc_rate(self) -> np.ndarray:
+        return _rates(self.target, self.draft, self.rho)[0]
+
+    @property
+    def beta(self) -> float:
+        return float(self.acc_rate.sum())
+
+    @property
+    def acceptance(self) -> float:
+        """P(some arrival is accepted) = beta E[N_rho] (exact up to the quadrature error)."""
+        return float(self.beta * self.trials.value)
+
+    def residual(self) -> np.ndarray:
+        """``p - E[N] min(q, p/rho)``: ``p (1 - E[N]/rho)`` on ``p < rho q``, ``p - q E[N]`` elsewhere."""
+        p, q, t = self.target, self.draft, self.trials.value
+        return np.where(p < self.rho * q, p * (1.0 - t / self.rho), p - q * t)
+
+
+def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
+    from scipy.optimize import brentq
+
+    lo = kseq.rho_star(p, q, k)
+    memo: dict[float, Trials] = {}
+
+    def trials(rho: float) -> Trials:
+        if rho not in memo:
+            memo[rho] = expected_trials(p, q, k, rho)
+        return memo[rho]
+
+    if float(np.minimum(p, q).sum()) == 0.0:  # disjoint laws: nothing is accepted whatever rho, r = p;
+        t = trials(lo)  # E[N] = E[T], and rho = E[T] is a root
+        return Rule(p, q, k, max(lo, t.value + t.error), t, lo, 1)
+
+    def hfun(x: float) -> float:
+        rho = math.exp(x)
+        return trials(rho).value - rho
+
+    x_lo = math.log(lo)
+    x_hi = x_lo
+    if hfun(x_lo) <= 0.0:
+        root = lo
+    else:
+        x_hi = x_lo + math.log(2.0)
+        while hfun(x_hi) > 0.0:
+            x_hi += math.log(2.0) * (x_hi - x_lo + 1.0)
+            if x_hi > 700:  # pragma: no cover - E[T] is finite for a law with >= k drafted tokens
+                raise OtmError("kseq_without_replacement: no division factor found below e^700")
+        root = math.exp(brentq(hfun, x_lo, x_hi, xtol=1e-15, rtol=8 * np.finfo(float).eps))
+    def valid(rho: float) -> bool:
+        t = trials(rho)
+        return t.value + t.error <= rho
+
+    rho = root * (1.0 + SAFETY)
+    step = SAFETY
+    while not valid(rho) and step < 1e-3:  # raise rho by 1e-12, 1e-11, ... relative
+        step *= 10.0
+        rho = root * (1.0 + step)
+    if not valid(rho):  # h nearly tangent to 0 (E[N] grows almost as fast as rho): bisect in log
+        a, b = math.log(rho), x_hi
+        while not valid(math.exp(b)):  # pragma: no cover - h(x_hi) <= 0 with margin in practice
+            a, b = b, b + 1.0
+        while b - a > 1e-13:
+            mid = 0.5 * (a + b)
+            a, b = (a, mid) if valid(math.exp(mid)) else (mid, b)
+        rho = math.exp(b)
+    return Rule(p, q, k, rho, trials(rho), lo, len(memo))
+
+
+def rule(target, draft, k: int) -> Rule:
+    """Build the rule for one position (``k`` drafts without replacement from ``draft``)."""
+    p = check_law(target, "target")
+    q = check_law(draft, "draft", size=p.size)
+    k = check_k(k)
+    if int((q > 0).sum()) < k:
+        raise OtmError(f"without_replacement needs at least k={k} tokens with positive draft mass, "
+                       f"the draft has {int((q > 0).sum())}: lower k")
+    return _build(p, q, k)
+
+
+def _given(rl: Rule, d: np.ndarray, rest: float) -> tuple[np.ndarray, float]:
+    """``(acc, reject)``: exact P(accept draft s_j | S) for j = 1..k, and P(all rejected | S)."""
+    q_s = rl.draft[d]
+    b = _rates(rl.target[d], q_s, rl.rho)[0]  # min(q, p/rho) at the drafts
+    avail = _avail(q_s, rest)  # avail[m] = 1 - q(A_m), m = 0..k-1
+    k = d.size
+    acc = np.zeros(k)
+    surv = 1.0
+    for m in range(k):
+        a = b[m] / q_s[m]  # accept the new draft s_{m+1}
+        acc[m] += surv * a
+        surv *= 1.0 - a
+        if m == k - 1:
+            break
+        tot = float(b[: m + 1].sum()) + avail[m + 1]
+        acc[: m + 1] += surv * b[: m + 1] / tot  # a repeat accepted before the next new draft
+        surv *= avail[m + 1] / tot
+    return acc, surv
+
+
+def _law(rl: Rule, d: np.ndarray, rest: float) -> np.ndarray:
+    acc, reject = _given(rl, d, rest)
+    out = np.zeros(rl.target.size)
+    np.add.at(out, d, acc)
+    if reject > 0:
+        out = out + reject * residual_law(rl.residual(), rl.target)
+    return out
+
+
+def _sample(rl: Rule, d: np.ndarray, rest: float, rng: np.random.Generator) -> Outcome:
+    q_s = rl.draft[d]
+    b = _rates(rl.target[d], q_s, rl.rho)[0]
+    avail = _avail(q_s, rest)
+    k = d.size
+    for m in range(k):
+        if rng.random() * q_s[m] < b[m]:  # u q < min(q, p/rho): never true where p = 0
+            return Outcome(int(d[m]), m)
+        if m == k - 1:
+            break
+        w = np.append(b[: m + 1], avail[m + 1])
+        j = int(np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right"))
+        if j <= m:
+            return Outcome(int(d[j]), j)
+    u = rng.random()
+    z = inverse_cdf_draw(rl.residual)(u)
+    if z is None:  # probability 0 in exact arithmetic (serve_selected's convention)
+        from ..laws import inverse_cdf
+
+        z = inverse_cdf(rl.target, u)
+    hit = np.flatnonzero(d == z)
+    return Outcome(int(z), int(hit[0]) if hit.size else None)
+
+
+def _inputs(target, draft, drafts):
+    target, draft, d = check_inputs(target, draft, drafts)
+    _distinct(d)
+    return target, draft, d
+
+
+def law(target, draft, drafts) -> np.ndarray:
+    """Exact output law given the k = len(drafts) ordered distinct drafts."""
+    target, draft, d = _inputs(target, draft, drafts)
+    return _law(_build(target, draft, d.size), d, _rest(draft, d))
+
+
+def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
+    """One verification of the ordered distinct drafts."""
+    target, draft, d = _inputs(target, draft, drafts)
+    return _sample(_build(target, draft, d.size), d, _rest(draft, d), rng)
+
+
+def acceptance(target, draft, k: int) -> float:
+    """Loop acceptance :math:`\\beta E[N_{\\rho}]` at the rule's :math:`\\rho` (= the membership
+    acceptance up to the rounding of the root)."""
+    return rule(target, draft, k).acceptance
+
+
+def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
+    """``(loop, membership)`` acceptance given the ordered drafts, exact."""
+    target, draft, d = _inputs(target, draft, drafts)
+    rl = _build(target, draft, d.size)
+    acc, reject = _given(rl, d, _rest(draft, d))
+    r = rl.residual()
+    tot = float(r.sum())
+    loop = float(acc.sum())
+    return loop, loop + (reject * float(r[d].sum()) / tot if tot > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class KseqWorBound(OptimalBound):
+    """:class:`OptimalBound` with ``acceptance`` the loop acceptance, ``alpha_star`` the optimum for
+    drafts without replacement (so ``gap`` is the certified shortfall) and the rule."""
+
+    rule: Rule | None = None
+
+
+def bind(target, scheme) -> KseqWorBound:
+    """Build the rule once for ``target`` and a ``without_replacement`` scheme; refuse others."""
+    from ..optimum import optimal_acceptance_of
+    from ..schemes import check_target
+
+    require_scheme(scheme, "without_replacement", "kseq_without_replacement",
+                   "use kseq (iid), or lp_optimal (small V)")
+    target = check_target(scheme, target)
+    draft, k = scheme.draft, scheme.k
+    rl = _build(target, draft, k)
+
+    def _check(drafts):
+        t, _, d = check_inputs(target, draft, drafts, k)
+        _distinct(d)
+        return d
+
+    def _law_b(drafts):
+        d = _check(drafts)
+        return _law(rl, d, _rest(draft, d))
+
+    def _sample_b(drafts, rng):
+        d = _check(drafts)
+        return _sample(rl, d, _rest(draft, d), rng)
+
+    alpha = optimal_acceptance_of(scheme, target).value
+    return KseqWorBound(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None, rule=rl)
+
+
+__all__ = ["Trials", "Rule", "KseqWorBound", "expected_trials", "rule", "law", "sample", "acceptance",
+           "conditional_acceptance", "bind"]
