@@ -102,6 +102,14 @@ def t(x, dtype=torch.float64, device="cpu"):
     return torch.as_tensor(np.asarray(x), device=device).to(dtype)
 
 
+def assert_outcome_meaning(target: torch.Tensor, drafts: torch.Tensor, out) -> None:
+    """No token of zero target mass; ``accepted`` names a draft exactly when the token is one, and that draft."""
+    assert bool((target.gather(1, out.token[:, None])[:, 0] > 0).all())
+    hit = out.accepted >= 0
+    assert torch.equal(hit, (drafts == out.token[:, None]).any(1))
+    assert torch.equal(drafts[hit].gather(1, out.accepted[hit, None])[:, 0], out.token[hit])
+
+
 # -- law: chi-square against the exact numpy law, with planted torch bugs ---------------------
 
 

@@ -14,12 +14,15 @@ verifier                    drafts from                              numpy twin
 ``greedy``                  ``sample_greedy``                        ``otm.verifiers.greedy``
 ``spechub``                 ``sample_spechub`` (k = 2)               ``otm.verifiers.spechub``
 ``optimal``                 ``sample_iid`` (set-up numpy per row)    ``otm.verifiers.optimal``
+``kseq_without_replacement`` ``sample_without_replacement`` (set-up  ``otm.verifiers.kseq_without_replacement``
+                            numpy per row)
 =========================== ======================================== ================================
 
 Signature of every verifier::
 
     verifier(target [batch, V], draft [batch, V], drafts [batch, k] int64, *,
-             uniforms=None [batch, k + 1] (optimal: [batch, k + 2]), generator=None, compute_dtype=None,
+             uniforms=None [batch, k + 1] (optimal: [batch, k + 2]; kseq_without_replacement: [batch, 2k]),
+             generator=None, compute_dtype=None,
              validate=True) -> Verified(token [batch] int64, accepted [batch] int64)
 
 >>> import torch
@@ -46,7 +49,8 @@ from .schemes import (
     sample_without_replacement,
     top_tokens,
 )
-from .verifiers import VERIFIERS, greedy, kseq, optimal, rho_star, rrs, rrs_without_replacement, spechub, speculative
+from .verifiers import (VERIFIERS, greedy, kseq, kseq_without_replacement, optimal, rho_star, rrs, rrs_without_replacement,
+                        spechub, speculative)
 
 __all__ = [
     "NOT_ACCEPTED",
@@ -60,6 +64,7 @@ __all__ = [
     "greedy",
     "spechub",
     "optimal",
+    "kseq_without_replacement",
     "SAMPLERS",
     "sample_drafts",
     "sample_iid",

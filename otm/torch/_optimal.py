@@ -89,6 +89,41 @@ def _normalised(row: np.ndarray):
     return out, Scaled(row, total)
 
 
+def checked_inputs(target, draft, drafts, compute_dtype, validate) -> torch.Tensor:
+    """The checks of a verifier whose set-up runs in numpy float64 (``compute_dtype`` is checked, not
+    used); returns ``drafts`` as int64 ``[batch, k]``."""
+    check_law_tensor(target, "target")
+    check_law_tensor(draft, "draft", shape=target.shape, device=target.device)
+    d = check_drafts(drafts, target.shape[0], target.device)
+    compute_dtype_for(target, draft, compute_dtype=compute_dtype)
+    if validate:
+        check_law_values(target, "target")
+        check_law_values(draft, "draft")
+        check_draft_values(d, draft)
+    return d
+
+
+def distinct_rows(p: np.ndarray, q: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """``(first, inverse)``: the first row of each distinct (target, draft) pair, and each row's pair
+    index (a fingerprint of every 97th mass, then a full comparison), so equal rows share one set-up."""
+    batch = p.shape[0]
+    if batch > 1 and bool((p[:, ::97] == p[:1, ::97]).all()) and bool((p == p[:1]).all() and (q == q[:1]).all()):
+        return [0], np.zeros(batch, dtype=np.int64)
+    seen: dict = {}
+    first, inverse = [], np.empty(batch, dtype=np.int64)
+    for r in range(batch):
+        bucket = seen.setdefault((p[r, ::97].tobytes(), q[r, ::97].tobytes()), [])
+        for j in bucket:
+            if np.array_equal(p[r], p[first[j]]) and np.array_equal(q[r], q[first[j]]):
+                inverse[r] = j
+                break
+        else:
+            bucket.append(len(first))
+            inverse[r] = len(first)
+            first.append(r)
+    return first, inverse
+
+
 def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     """Numpy set-up per distinct row, as the numpy ``sample`` does it, evaluated lazily.
 
@@ -108,22 +143,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     key2_d = np.empty((batch, k), dtype=np.int64)
     target_d = np.empty((batch, k))
     x_d = np.empty((batch, k))
-    same = batch > 1 and bool((p[:, ::97] == p[:1, ::97]).all()) and bool((p == p[:1]).all() and (q == q[:1]).all())
-    if same:
-        first, inverse = [0], np.zeros(batch, dtype=np.int64)
-    else:  # equal rows share a rule: a fingerprint of every 97th mass, then a full comparison
-        seen: dict = {}
-        first, inverse = [], np.empty(batch, dtype=np.int64)
-        for r in range(batch):
-            bucket = seen.setdefault((p[r, ::97].tobytes(), q[r, ::97].tobytes()), [])
-            for j in bucket:
-                if np.array_equal(p[r], p[first[j]]) and np.array_equal(q[r], q[first[j]]):
-                    inverse[r] = j
-                    break
-            else:
-                bucket.append(len(first))
-                inverse[r] = len(first)
-                first.append(r)
+    first, inverse = distinct_rows(p, q)
     # one row at a time up to the group layouts, which are solved for all rows together
     distinct = _np_optimal._drive([_row_steps(p[r], q[r], k) for r in first], k)
     rules = [distinct[i] for i in inverse]
@@ -159,16 +179,8 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     validate : bool
         Check values (one device sync); shapes, dtypes and devices are always checked.
     """
-    check_law_tensor(target, "target")
-    check_law_tensor(draft, "draft", shape=target.shape, device=target.device)
-    batch = target.shape[0]
-    d = check_drafts(drafts, batch, target.device)
-    k = d.shape[1]
-    compute_dtype_for(target, draft, compute_dtype=compute_dtype)  # checked; the set-up is float64 whatever it is
-    if validate:
-        check_law_values(target, "target")
-        check_law_values(draft, "draft")
-        check_draft_values(d, draft)
+    d = checked_inputs(target, draft, drafts, compute_dtype, validate)
+    batch, k = d.shape
     u = uniforms_for(uniforms, batch, k + 2, target.device, generator, validate)  # [batch, k + 2]
     device = target.device
     # numpy set-up per distinct row, float64 on the CPU: each row upcast (exactly) and normalised in

@@ -1,0 +1,110 @@
+r"""Batched ``kseq_without_replacement`` (twin of :mod:`otm.verifiers.kseq_without_replacement`).
+
+Set-up per distinct row in numpy float64 on the CPU (the root search of :math:`E[N_\rho] = \rho`, one
+race quadrature per evaluation: 30-80 ms at V = 49152, see ``analysis/bench_embedded.py``); the
+decisions are torch ops on the input's device: for each new draft :math:`s_{m+1}` the test
+``u q < min(q, p/rho)``, then the repeat phase (an accepted repeat of :math:`s_1..s_{m+1}`, or on to the
+next new draft, by inverse CDF over ``(min(q, p/rho) at s_1..s_{m+1}, 1 - q(A_{m+1}))``), and after k
+rejections one draw from :math:`p - E[N_\rho] \min(q, p/\rho)`.
+
+Uniforms ``[batch, 2k]``: ``2m`` for the test of draft m, ``2m + 1`` for the repeat phase after it
+(m < k - 1), ``2k - 1`` for the residual draw: the order in which the numpy sampler consumes
+``rng.random()``, so the same uniforms give the same token and index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..verifiers import kseq_without_replacement as _np_kw
+from ..verifiers.optimal_embedded import _rest
+from ._core import (
+    DECISION_DTYPE,
+    NOT_ACCEPTED,
+    Verified,
+    _fail,
+    accept_test,
+    residual_draw,
+    uniforms_for,
+)
+from ._optimal import _normalised, checked_inputs, distinct_rows
+
+
+def _setups(p: np.ndarray, q: np.ndarray, d: np.ndarray):
+    """Per row: ``(p64, q64)`` float64 ``[batch, V]`` normalised as :func:`otm.laws.check_law` does,
+    ``rho``, ``trials`` (E[N_rho]) and ``rest`` (draft mass outside the row's drafts) ``[batch]``."""
+    batch, k = d.shape
+    first, inverse = distinct_rows(p, q)
+    rows = [(_normalised(p[r])[0], _normalised(q[r])[0]) for r in first]
+    rules = [_np_kw._build(pr, qr, k) for pr, qr in rows]
+    p64 = np.stack([rows[i][0] for i in inverse])
+    q64 = np.stack([rows[i][1] for i in inverse])
+    rho = np.array([rules[i].rho for i in inverse])
+    trials = np.array([rules[i].trials.value for i in inverse])
+    rest = np.array([_rest(q64[r], d[r]) for r in range(batch)])
+    return p64, q64, rho, trials, rest
+
+
+def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
+                             validate=True) -> Verified:
+    r"""K-SEQ's test over the i.i.d. arrivals embedded in drafts drawn without replacement (module doc).
+
+    Twin of :func:`otm.verifiers.kseq_without_replacement.sample`; drafts distinct in every row
+    (``sample_without_replacement``), any k >= 1 and V.
+
+    Parameters
+    ----------
+    target, draft : Tensor [batch, V]
+    drafts : Tensor [batch, k] int64, drawn without replacement from ``draft``
+    uniforms : Tensor [batch, 2k], optional
+        ``2m``: test of draft m; ``2m + 1``: the repeat phase after it; ``2k - 1``: the residual draw.
+    generator : torch.Generator, optional
+    compute_dtype : torch.float32 or torch.float64, optional
+        Accepted for the common signature and checked; the set-up and the decisions are float64.
+    validate : bool
+        Check values (one device sync); shapes, dtypes and devices are always checked.
+    """
+    d = checked_inputs(target, draft, drafts, compute_dtype, validate)
+    batch, k = d.shape
+    if validate and k > 1:
+        sd = d.sort(-1).values
+        if bool((sd[:, 1:] == sd[:, :-1]).any()):
+            _fail("kseq_without_replacement needs distinct drafts in every row (drawn without replacement)")
+    u = uniforms_for(uniforms, batch, 2 * k, target.device, generator, validate)  # [batch, 2k]
+    device = target.device
+    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
+    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))
+    p64, q64, rho, trials, rest = _setups(p_in, q_in, d.cpu().numpy())
+    p = torch.from_numpy(p64).to(device)  # [batch, V] float64
+    q = torch.from_numpy(q64).to(device)
+    rho_t = torch.from_numpy(rho).to(device).unsqueeze(1)  # [batch, 1]
+    trials_t = torch.from_numpy(trials).to(device).unsqueeze(1)
+    q_d = q.gather(1, d)  # [batch, k]
+    b = torch.minimum(q_d, p.gather(1, d) / rho_t)  # accepted-arrival rates at the drafts
+    # avail[:, m] = 1 - q(A_m) = rest + q(s_{m+1}) + ... + q(s_k), as the numpy walk forms it
+    avail = torch.from_numpy(rest).to(device).unsqueeze(1) + q_d.flip(1).cumsum(1).flip(1)  # [batch, k]
+    index = torch.full((batch,), NOT_ACCEPTED, dtype=torch.int64, device=device)
+    open_ = torch.ones(batch, dtype=torch.bool, device=device)  # no acceptance yet
+    for m in range(k):
+        hit = open_ & accept_test(u[:, 2 * m], b[:, m], q_d[:, m])  # u q < min(q, p/rho)
+        index = torch.where(hit, torch.full_like(index, m), index)
+        open_ = open_ & ~hit
+        if m == k - 1:
+            break
+        w = torch.cat([b[:, : m + 1], avail[:, m + 1 : m + 2]], dim=1)  # [batch, m + 2]
+        t = u[:, 2 * m + 1] * w.sum(-1)
+        j = (w.cumsum(-1) <= t.unsqueeze(1)).sum(-1)  # searchsorted(cumsum, t, side="right")
+        rep = open_ & (j <= m)
+        index = torch.where(rep, j, index)
+        open_ = open_ & ~rep
+    y_acc = d.gather(1, index.clamp(min=0).unsqueeze(1)).squeeze(1)
+    residual = torch.where(p < rho_t * q, p * (1.0 - trials_t / rho_t), p - q * trials_t).to(DECISION_DTYPE)
+    z = residual_draw(residual, p.clone(), u[:, 2 * k - 1])  # [batch]
+    z_hit = d == z.unsqueeze(1)
+    z_index = torch.where(z_hit.any(-1), z_hit.to(torch.uint8).argmax(-1), torch.full_like(index, NOT_ACCEPTED))
+    accepted = ~open_
+    return Verified(torch.where(accepted, y_acc, z), torch.where(accepted, index, z_index))
+
+
+__all__ = ["kseq_without_replacement"]
