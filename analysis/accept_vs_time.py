@@ -7,7 +7,8 @@ temperature ``--temperature``), cached in ``~/.cache/otm/accept_vs_time-<key>.np
 
 * acceptance per rule, averaged over the positions: K-SEQ, RRS (with replacement), the ``optimal``
   verifier (all exact formulas, iid drafts), RRS without replacement (its exact path sum or Monte
-  Carlo estimate, without-replacement drafts), and alpha* of each scheme (the bound, drawn as a line);
+  Carlo estimate) and K-SEQ without replacement (``kseq_without_replacement``, exact; drafts without
+  replacement), and alpha* of each scheme (the bound, drawn as a line);
 * time per verification: one batched torch call (``otm.torch``, CPU, 1 thread, ``validate=False``,
   batch 1: set-up + one verification of one position), mean over the positions, fresh drafts
   and uniforms each call, after one warm-up call per rule; and ms per row at batch 32 (the positions
@@ -42,6 +43,7 @@ RULES = {  # label: (otm.torch verifier, scheme, acceptance key of position_acce
     "RRS": ("rrs", "iid", "rrs"),
     "RRS without replacement": ("rrs_without_replacement", "without_replacement", "rrs_without_replacement"),
     "optimal": ("optimal", "iid", "optimal"),
+    "K-SEQ without replacement": ("kseq_without_replacement", "without_replacement", "kseq_without_replacement"),
 }
 
 
@@ -73,6 +75,7 @@ def collect(prompts: int, positions: int, temperature: float, seed: int) -> tupl
 def acceptances(target, draft, ks, seed):
     """Mean acceptance per (rule or bound, k) over the positions."""
     from otm.decode.profile import position_acceptances
+    from otm.verifiers import kseq_without_replacement
 
     rng = np.random.default_rng(seed)
     out = {}
@@ -80,6 +83,8 @@ def acceptances(target, draft, ks, seed):
         rows = [position_acceptances(t, d, k, rng=rng) for t, d in zip(target, draft)]
         for key in ("kseq", "rrs", "optimal", "rrs_without_replacement", "alpha_iid", "alpha_without_replacement"):
             out[key, k] = float(np.mean([r[key] for r in rows]))
+        out["kseq_without_replacement", k] = float(np.mean([kseq_without_replacement.acceptance(t, d, k)
+                                                            for t, d in zip(target, draft)]))
         gaps = np.array([r["alpha_iid"] - r["optimal"] for r in rows])
         out["gaps", k] = (int((gaps > 1e-9).sum()), float(gaps.max()), len(rows))
     return out
@@ -129,7 +134,7 @@ def plot(acc, tim, ks, conditions, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = {"K-SEQ": "o", "RRS": "s", "RRS without replacement": "^", "optimal": "*"}
+    markers = {"K-SEQ": "o", "RRS": "s", "RRS without replacement": "^", "optimal": "*", "K-SEQ without replacement": "v"}
     colors = {2: "tab:blue", 4: "tab:orange", 8: "tab:green"}
     fig, ax = plt.subplots(figsize=(8.0, 5.4))
     for label, (_, _, key) in RULES.items():

@@ -6,7 +6,7 @@ k = 2, 4, 8 drafts, the mean over positions of
 * alpha*(iid) (the optimum for k i.i.d. drafts; Khisti's "Optimal"), K-SEQ (SpecTr), RRS
   (SpecInfer), all exact closed forms;
 * alpha*(w/o replacement), RRS without replacement (unbiased Monte Carlo with its standard
-  error: the exact path sum does not fit at V = 49152) and ``optimal_embedded`` (the iid optimal
+  error: the exact path sum does not fit at V = 49152), ``kseq_without_replacement`` (exact) and ``optimal_embedded`` (the iid optimal
   rule on the iid sequence embedded in the drafts without replacement: its membership acceptance
   P(output is a draft), a Rao-Blackwellised Monte Carlo over draft sets with its standard error);
 * alpha*(greedy) = Hu et al.'s greedy verifier (exact);
@@ -54,7 +54,7 @@ KHISTI = {
 }  # fmt: skip
 KHISTI_KS = (2, 4, 8)
 
-COLUMNS = ("opt_iid", "kseq", "rrs", "optimal", "opt_wo", "rrsw", "emb", "opt_greedy", "greedy")
+COLUMNS = ("opt_iid", "kseq", "rrs", "optimal", "opt_wo", "rrsw", "kseqw", "emb", "opt_greedy", "greedy")
 
 
 def default_loader():
@@ -141,7 +141,7 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
     """This table's columns at one position, from :func:`otm.decode.profile.position_acceptances` (k >= 2)."""
     from otm.decode.profile import position_acceptances
 
-    from otm.verifiers import optimal_embedded
+    from otm.verifiers import kseq_without_replacement, optimal_embedded
 
     r = position_acceptances(target, draft, k, paths=paths, rng=rng)
     emb = optimal_embedded.membership_acceptance(target, draft, k, samples=paths, rng=rng)
@@ -153,6 +153,7 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
         "opt_wo": r["alpha_without_replacement"],
         "rrsw": r["rrs_without_replacement"],
         "rrsw_var": r["rrs_without_replacement_se"] ** 2,
+        "kseqw": kseq_without_replacement.acceptance(target, draft, k),  # exact (race quadrature)
         "emb": emb.value,  # optimal_embedded: P(output is a draft), Rao-Blackwellised Monte Carlo over S
         "emb_var": emb.se**2,
         "opt_greedy": r.get("alpha_greedy", float("nan")),
@@ -169,7 +170,7 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     out = Path(out)
     if not 1 <= prompts <= len(PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(PROMPTS)}, got {prompts}")
-    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}-v3"  # v2: optimal column; v3: optimal_embedded
+    key = f"n{prompts}-pos{positions}-T{temperature:g}-paths{paths}-seed{seed}-k{'_'.join(map(str, ks))}-v4"  # v2: optimal; v3: optimal_embedded; v4: kseq_w/o
     fp = loader.fingerprint() if hasattr(loader, "fingerprint") else "na"
     cache = out / "cache" / f"paper_table-{getattr(loader, '__name__', 'loader')}-{fp}-{key}.jsonl"
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +210,8 @@ def run(loader=default_loader, *, out, prompts: int = 8, positions: int = 8, ks=
     cond = (
         f"Mean per-token acceptance over {prompts} prompts x {positions} target-sampled positions, both laws at "
         f"temperature {temperature:g}, V={V}, loader `{getattr(loader, '__name__', 'loader')}`; RRS w/o repl. by "
-        f"unbiased Monte Carlo ({paths} paths per position; rrsw_se its standard error); emb: optimal_embedded "
+        f"unbiased Monte Carlo ({paths} paths per position; rrsw_se its standard error); kseqw: "
+        f"kseq_without_replacement (K-SEQ's test over the iid arrivals embedded in the drafts, exact); emb: optimal_embedded "
         f"(the iid optimal rule on the iid draws embedded in the drafts without replacement), P(output is a draft), "
         f"Rao-Blackwellised Monte Carlo over {paths} draft sets per position (emb_se). Khisti et al. Table 3 "
         f"(XSum, Dolly; OPT models; their 'SpecTr' = K-SEQ, 'SpecInfer' = RRS, 'IS' = their scheme) for shape only; "

@@ -233,5 +233,6 @@ def test_paper_table_on_tiny_models(tmp_path):
         assert r["kseq"] <= r["opt_iid"] + 1e-9 and r["rrs"] <= r["opt_iid"] + 1e-9
         assert r["rrsw"] <= r["opt_wo"] + 3 * r["rrsw_se"] + 1e-9
         assert r["optimal"] - 1e-9 <= r["emb"] <= r["opt_wo"] + 3 * r["emb_se"] + 1e-9  # embedded: >= its iid rule
+        assert max(r["kseq"], r["opt_wo"] / 2) - 1e-9 <= r["kseqw"] <= r["opt_wo"] + 1e-9  # proved bounds
         assert r["greedy"] == pytest.approx(r["opt_greedy"], abs=1e-9)
     assert (tmp_path / "paper_table.md").read_text().count("|") > 10

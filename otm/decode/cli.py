@@ -36,9 +36,9 @@ from ..laws import OtmError
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
 DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block,traversal"
-ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "kseq_without_replacement", "block",
-                 "traversal")
-WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement")
+ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "kseq_without_replacement",
+                 "optimal_embedded", "block", "traversal")
+WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded")
 """Verifiers whose default scheme is ``without_replacement``."""
 
 
@@ -106,7 +106,8 @@ def register(sub) -> None:
     dec.add_argument("--length", "-L", type=int, default=4, help="draft depth L (default 4)")
     dec.add_argument("--verifier", default="kseq", choices=ALL_VERIFIERS, help="verification rule (default kseq)")
     dec.add_argument("--scheme", default=None, choices=["iid", "without_replacement"],
-                     help="draft scheme (default: without_replacement for rrs_ and kseq_without_replacement, else iid)")
+                     help="draft scheme (default: without_replacement for rrs_without_replacement, "
+                          "kseq_without_replacement and optimal_embedded, else iid)")
     dec.add_argument("--autoregressive", action="store_true", help="sample from the target alone (baseline)")
     dec.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     dec.add_argument("--quiet", "-q", action="store_true",

@@ -73,7 +73,8 @@ SCHEMES = ("iid", "without_replacement")
 
 VERIFIERS = {
     "iid": ("kseq", "rrs", "optimal", "speculative", "block", "traversal"),
-    "without_replacement": ("rrs_without_replacement", "kseq_without_replacement", "speculative", "traversal"),
+    "without_replacement": ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "speculative",
+                            "traversal"),
 }
 """Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
 by level) and whole-tree rules (:data:`otm.decode.tree_rules.TREE_RULES`); ``speculative`` and

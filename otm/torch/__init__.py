@@ -16,12 +16,15 @@ verifier                    drafts from                              numpy twin
 ``optimal``                 ``sample_iid`` (set-up numpy per row)    ``otm.verifiers.optimal``
 ``kseq_without_replacement`` ``sample_without_replacement`` (set-up  ``otm.verifiers.kseq_without_replacement``
                             numpy per row)
+``optimal_embedded``        ``sample_without_replacement`` (numpy    ``otm.verifiers.optimal_embedded``
+                            set-up and decisions per row)
 =========================== ======================================== ================================
 
 Signature of every verifier::
 
     verifier(target [batch, V], draft [batch, V], drafts [batch, k] int64, *,
-             uniforms=None [batch, k + 1] (optimal: [batch, k + 2]; kseq_without_replacement: [batch, 2k]),
+             uniforms=None [batch, k + 1] (optimal: [batch, k + 2]; kseq_without_replacement: [batch, 2k];
+             optimal_embedded: [batch, 2k + 1]),
              generator=None, compute_dtype=None,
              validate=True) -> Verified(token [batch] int64, accepted [batch] int64)
 
@@ -49,7 +52,7 @@ from .schemes import (
     sample_without_replacement,
     top_tokens,
 )
-from .verifiers import (VERIFIERS, greedy, kseq, kseq_without_replacement, optimal, rho_star, rrs, rrs_without_replacement,
+from .verifiers import (VERIFIERS, greedy, kseq, kseq_without_replacement, optimal, optimal_embedded, rho_star, rrs, rrs_without_replacement,
                         spechub, speculative)
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "spechub",
     "optimal",
     "kseq_without_replacement",
+    "optimal_embedded",
     "SAMPLERS",
     "sample_drafts",
     "sample_iid",

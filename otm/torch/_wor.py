@@ -1,4 +1,6 @@
-r"""Batched ``kseq_without_replacement`` (twin of :mod:`otm.verifiers.kseq_without_replacement`).
+r"""Batched verifiers for drafts without replacement whose set-up runs in numpy per row.
+
+``kseq_without_replacement`` (twin of :mod:`otm.verifiers.kseq_without_replacement`).
 
 Set-up per distinct row in numpy float64 on the CPU (the root search of :math:`E[N_\rho] = \rho`, one
 race quadrature per evaluation: 30-80 ms at V = 49152, see ``analysis/bench_embedded.py``); the
@@ -10,6 +12,13 @@ rejections one draw from :math:`p - E[N_\rho] \min(q, p/\rho)`.
 Uniforms ``[batch, 2k]``: ``2m`` for the test of draft m, ``2m + 1`` for the repeat phase after it
 (m < k - 1), ``2k - 1`` for the residual draw: the order in which the numpy sampler consumes
 ``rng.random()``, so the same uniforms give the same token and index.
+
+``optimal_embedded`` (twin of :mod:`otm.verifiers.optimal_embedded`): set-up per distinct row by
+:func:`otm.verifiers.optimal.rule` (1-3 ms at V = 49152); the decisions run on the host, row by row,
+through the numpy sampler itself (the walk of repeats, the race, the accept test, the group-first
+residual draw), fed the row's uniforms: the same code, so the same token and index by construction.
+Uniforms ``[batch, 2k + 1]``: ``0..k-2`` the walk, ``k-1..2k-2`` the race passes, ``2k - 1`` the accept
+test, ``2k`` the residual draw (the numpy sampler's order).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import numpy as np
 import torch
 
 from ..verifiers import kseq_without_replacement as _np_kw
+from ..verifiers import optimal_embedded as _np_oe
 from ..verifiers.optimal_embedded import _rest
 from ._core import (
     DECISION_DTYPE,
@@ -67,10 +77,8 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
     """
     d = checked_inputs(target, draft, drafts, compute_dtype, validate)
     batch, k = d.shape
-    if validate and k > 1:
-        sd = d.sort(-1).values
-        if bool((sd[:, 1:] == sd[:, :-1]).any()):
-            _fail("kseq_without_replacement needs distinct drafts in every row (drawn without replacement)")
+    if validate:
+        _check_distinct(d, "kseq_without_replacement")
     u = uniforms_for(uniforms, batch, 2 * k, target.device, generator, validate)  # [batch, 2k]
     device = target.device
     host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
@@ -107,4 +115,66 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
     return Verified(torch.where(accepted, y_acc, z), torch.where(accepted, index, z_index))
 
 
-__all__ = ["kseq_without_replacement"]
+class _Uniforms:
+    """Hands out one row's uniforms in order, as ``rng.random()`` / ``rng.random(n)`` would."""
+
+    def __init__(self, values: np.ndarray):
+        self.values, self.used = values, 0
+
+    def random(self, size=None):
+        if size is None:
+            self.used += 1
+            return float(self.values[self.used - 1])
+        out = self.values[self.used : self.used + size]
+        self.used += size
+        return out
+
+
+def _check_distinct(d: torch.Tensor, name: str) -> None:
+    if d.shape[1] > 1:
+        sd = d.sort(-1).values
+        if bool((sd[:, 1:] == sd[:, :-1]).any()):
+            _fail(f"{name} needs distinct drafts in every row (drawn without replacement)")
+
+
+def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
+                     validate=True) -> Verified:
+    r"""The iid ``optimal`` rule on the i.i.d. draws embedded in drafts drawn without replacement (module doc).
+
+    Twin of :func:`otm.verifiers.optimal_embedded.sample`; drafts distinct in every row, any k >= 1, V.
+
+    Parameters
+    ----------
+    target, draft : Tensor [batch, V]
+    drafts : Tensor [batch, k] int64, drawn without replacement from ``draft``
+    uniforms : Tensor [batch, 2k + 1], optional
+        ``0..k-2``: the walk; ``k-1..2k-2``: the race passes; ``2k - 1``: accept test; ``2k``: residual draw.
+    generator : torch.Generator, optional
+    compute_dtype : torch.float32 or torch.float64, optional
+        Accepted for the common signature and checked; the set-up and the decisions are float64 (numpy).
+    validate : bool
+        Check values (one device sync); shapes, dtypes and devices are always checked.
+    """
+    d = checked_inputs(target, draft, drafts, compute_dtype, validate)
+    batch, k = d.shape
+    if validate:
+        _check_distinct(d, "optimal_embedded")
+    u = uniforms_for(uniforms, batch, 2 * k + 1, target.device, generator, validate).cpu().numpy()
+    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
+    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))
+    d_np = d.cpu().numpy()
+    first, inverse = distinct_rows(p_in, q_in)
+    rows = [(_normalised(p_in[r])[0], _normalised(q_in[r])[0]) for r in first]
+    rules = [_np_oe.rule(pr, qr, k) for pr, qr in rows]
+    token = np.empty(batch, dtype=np.int64)
+    accepted = np.empty(batch, dtype=np.int64)
+    for r in range(batch):
+        i = inverse[r]
+        o = _np_oe._sample(rules[i], rows[i][0], rows[i][1], d_np[r], _Uniforms(u[r]))
+        token[r] = o.token
+        accepted[r] = NOT_ACCEPTED if o.accepted is None else o.accepted
+    device = target.device
+    return Verified(torch.from_numpy(token).to(device), torch.from_numpy(accepted).to(device))
+
+
+__all__ = ["kseq_without_replacement", "optimal_embedded"]

@@ -37,7 +37,7 @@ import torch
 
 from . import _rho
 from ._optimal import optimal
-from ._wor import kseq_without_replacement
+from ._wor import kseq_without_replacement, optimal_embedded
 from ._core import (
     DECISION_DTYPE,
     NOT_ACCEPTED,
@@ -446,7 +446,8 @@ VERIFIERS = {
     "spechub": spechub,
     "optimal": optimal,
     "kseq_without_replacement": kseq_without_replacement,
+    "optimal_embedded": optimal_embedded,
 }
 """Name -> batched verifier (the names of :data:`otm.verifiers.VERIFIERS`, less ``lp_optimal``)."""
 
-__all__ = ["VERIFIERS", "optimal", "kseq_without_replacement", "speculative", "kseq", "rho_star", "rrs", "rrs_without_replacement", "greedy", "spechub"]
+__all__ = ["VERIFIERS", "optimal", "kseq_without_replacement", "optimal_embedded", "speculative", "kseq", "rho_star", "rrs", "rrs_without_replacement", "greedy", "spechub"]

@@ -91,7 +91,8 @@ What is proved, what is measured, what is missing
   Since then: :mod:`otm.verifiers.optimal_embedded` is exact at any V with acceptance at least
   :math:`\alpha^*_{iid}` (close to :math:`\alpha^*` except on sharp draft laws), and
   ``analysis/wor_two_pass.py`` computes a two-pass layered rule's law by the race quadrature at
-  V = 49152 (gap 3e-13 to 6e-5, but minutes per position): ``docs/theory.md`` section 3.
+  V = 49152 (gap 3e-13 to 6e-5, but minutes per position); :mod:`otm.verifiers.kseq_without_replacement`
+  is exact at any V with acceptance at least :math:`\alpha^*/2` (proved) and K-SEQ's: ``docs/theory.md`` section 3.
 
 >>> round(acceptance([0.6, 0.3, 0.1], [0.1, 0.2, 0.7], 2), 6)  # alpha* without replacement (RRSw: 0.7)
 0.758333
@@ -214,7 +215,8 @@ def _sets(draft, k):
         raise OtmError(
             f"optimal_without_replacement computes its Luce law by enumerating the {n:,} draft sets "
             f"(V={draft.size}, k={k}), above MAX_SETS={MAX_SETS:,}: no real-vocabulary law yet; "
-            "selection_target gives x* at any V; optimal_embedded and rrs_without_replacement are the large-V verifiers"
+            "selection_target gives x* at any V; kseq_without_replacement, optimal_embedded and rrs_without_replacement "
+            "are the large-V verifiers"
         )
     rows = scheme.rows(fold=True)
     return rows.tokens.reshape(-1, k), rows.mass

@@ -1,4 +1,5 @@
-"""``otm.torch.kseq_without_replacement`` against its numpy twin, and the decoder with it in exact mode.
+"""``otm.torch.kseq_without_replacement`` and ``otm.torch.optimal_embedded`` against their numpy twins, and
+the decoder with them in exact mode.
 
 * Uniform by uniform: each row takes 2k uniforms (test of draft m: 2m; the repeat phase after it:
   2m + 1; the residual draw: 2k - 1), in the order the numpy ``sample`` consumes them; with the same
@@ -12,6 +13,10 @@
   samples must be rejected.
 * Registry, certification (``certify(..., kind="torch")``) and the decoder's exact mode: the law of
   the first T = 3 tokens equals the target's to 1e-12.
+* ``optimal_embedded``: its decisions run through the numpy sampler itself, so the tests check the
+  wiring: the uniforms' order and the rows (same uniforms, same outcome as ``optimal_embedded.sample``
+  on rows of different laws), the law (chi-square as above; negative control: the iid ``optimal`` rule
+  on the same drafts, TV 0.188), registry, certification and the decoder's exact mode.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from otm.decode.toy import ToyLM, model_law
 from otm.schemes import WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import kseq_without_replacement as npk
+from otm.verifiers import optimal as npo
+from otm.verifiers import optimal_embedded as npe
 
 from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
     ALPHA, DEVICES, assert_outcome_meaning, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
@@ -217,3 +224,59 @@ def test_exact_mode_of_the_decoder(setting, k, length):
     ex = exact_decode(target, draft, prompt, verifier="kseq_without_replacement", **opts)
     assert law_error(ex.law, reference) < 1e-12
     assert abs(sum(ex.law.values()) - 1) < 1e-12
+
+
+# -- optimal_embedded ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_embedded_same_uniforms_same_outcome_as_numpy(k):
+    rng = np.random.default_rng(500 + k)
+    rows, size = 40, 6
+    laws = [pair(rng, size, k) for _ in range(rows)]
+    p = np.array([a for a, _ in laws])
+    q = np.array([b for _, b in laws])
+    d = np.array([WithoutReplacement(q[r], k).sample(rng) for r in range(rows)])
+    u = rng.random((rows, 2 * k + 1))
+    u[::5, 2 * k - 1] = U_MAX  # rejections: the residual draw runs
+    out = ot.optimal_embedded(t(p), t(q), torch.as_tensor(d), uniforms=t(u))
+    for r in range(rows):
+        o = npe.sample(p[r], q[r], d[r], SeqRng(u[r]))
+        want = (o.token, ot.NOT_ACCEPTED if o.accepted is None else o.accepted)
+        assert (int(out.token[r]), int(out.accepted[r])) == want, (r, p[r], q[r], d[r], u[r])
+    assert bool((out.accepted == ot.NOT_ACCEPTED).any()) or k == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_embedded_law_matches_numpy(dtype):
+    scheme = WithoutReplacement(LAW_DRAFT, K)
+    p0 = membership_cells(lambda d: npe.law(TARGET, LAW_DRAFT, d), scheme, V)
+    assert np.abs(p0[:V] + p0[V:] - TARGET).max() < 1e-12
+    tuples, probs = scheme.enumerate()
+    drafts = torch.as_tensor(tuples[np.random.default_rng(6).choice(len(probs), size=N, p=probs)])
+    p, q = t(TARGET, dtype).expand(N, V), t(LAW_DRAFT, dtype).expand(N, V)
+    out = ot.optimal_embedded(p, q, drafts, generator=torch.Generator().manual_seed(13))
+    assert torch.equal(out.accepted >= 0, (drafts == out.token[:, None]).any(1))
+    result = chi2_gof(cell_counts(out.token, drafts), p0, alpha=ALPHA)
+    assert not result.reject, str(result)
+    # negative control: the iid optimal rule run on these drafts as if they were iid (the walk forgotten),
+    # TV 0.188; the subtle bugs of the shared sampler (the walk's off-by-one, TV 0.0295) are planted in
+    # tests/test_optimal_embedded.py, and the wiring (uniform order, rows) by the same-uniforms test above
+    p1 = membership_cells(lambda d: npo.law(TARGET, LAW_DRAFT, d), scheme, V)
+    assert 0.1 < 0.5 * np.abs(p1 - p0).sum() < 0.3 and chi2_power(N, p0, p1, alpha=ALPHA) >= MIN_POWER
+    bad = ot.optimal(p, q, drafts, generator=torch.Generator().manual_seed(14))
+    assert chi2_gof(cell_counts(bad.token, drafts), p0, alpha=ALPHA).reject
+
+
+def test_embedded_registered_certified_and_exact_in_the_decoder():
+    assert ot.VERIFIERS["optimal_embedded"] is ot.optimal_embedded is twor.optimal_embedded
+    assert exact_law_of(ot.optimal_embedded) is npe.law
+    assert "optimal_embedded" in DECODER_VERIFIERS["without_replacement"] and "optimal_embedded" in ALL_VERIFIERS
+    report = certify(ot.optimal_embedded, kind="torch", scheme="without_replacement", k=2, seed=3)
+    assert report.certified, str(report)
+    target, draft, prompt, sampling = SETTINGS[0]
+    reference = target_law(model_law(target, prompt, sampling), T)
+    for k, length in ((2, 1), (2, 2)):
+        ex = exact_decode(target, draft, prompt, verifier="optimal_embedded", max_new_tokens=T, k=k, length=length,
+                          scheme="without_replacement", sampling=sampling)
+        assert law_error(ex.law, reference) < 1e-12
