@@ -157,7 +157,7 @@ def plot(acc, tim, ks, conditions, out_dir: Path) -> list[Path]:
     handles += [Line2D([], [], marker="o", linestyle="", color=c, label=f"k = {k}") for k, c in colors.items() if k in ks]
     handles += [Line2D([], [], linestyle="--", color="black", label="alpha* iid drafts"),
                 Line2D([], [], linestyle=":", color="black", label="alpha* without replacement")]
-    ax.legend(handles=handles, fontsize=7, loc="lower right", ncol=2)
+    ax.legend(handles=handles, fontsize=7, loc="center", bbox_to_anchor=(0.58, 0.42), ncol=2)  # between the rules
     ax.set_title("Acceptance against time per verification, embedded pair, real next-token laws", fontsize=10)
     fig.text(0.01, 0.005, conditions, fontsize=6, va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
