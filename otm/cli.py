@@ -198,19 +198,21 @@ def acceptance_report(
 def format_report(report: dict, V: int) -> str:
     opt = report["optimal"]["fast"]
     lp = report["optimal"]["lp"]
+    names = [*report["verifiers"], *report.get("skipped", {})]
+    w = max([26, *(len(n) + 1 for n in names)])  # the name column fits the longest name
     lines = [
         f"scheme {report['scheme']}, k = {report['k']}, V = {V}",
         f"  optimum alpha* (LP, HiGHS)   " + (f"{lp:.9f}" if lp is not None else report["methods"]["lp"]),
         f"  optimum alpha* (closed form) {opt:.9f}",
         "",
-        f"  {'verifier':<26}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}  method",
+        f"  {'verifier':<{w}}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}  method",
     ]
     for name, r in report["verifiers"].items():
         ratio = r["acceptance"] / opt if opt > 0 else float("nan")
         err = f"{r['law_error']:>12.1e}" if r["law_error"] is not None else f"{'-':>12}"
-        lines.append(f"  {name:<26}{r['acceptance']:>12.9f}{ratio:>11.4f}{err}  {r['method']}")
+        lines.append(f"  {name:<{w}}{r['acceptance']:>12.9f}{ratio:>11.4f}{err}  {r['method']}")
     for name, why in report.get("skipped", {}).items():
-        lines.append(f"  {name:<26}{'-':>12}{'-':>11}{'-':>12}  {why}")
+        lines.append(f"  {name:<{w}}{'-':>12}{'-':>11}{'-':>12}  {why}")
     return "\n".join(lines)
 
 

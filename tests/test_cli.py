@@ -36,6 +36,15 @@ def test_json_is_one_object_with_every_applicable_verifier(scheme, capsys):
     assert abs(report["verifiers"]["lp_optimal"]["acceptance"] - report["optimal"]["lp"]) < 1e-9
 
 
+def test_table_columns_line_up_with_the_longest_verifier_name(capsys):
+    """optimal_without_replacement (27 characters) once ran into its acceptance column."""
+    assert main([*BASE, "--scheme", "without_replacement"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ") and "draft tuples" in line]
+    assert any(r.split()[0] == "optimal_without_replacement" for r in rows)
+    ends = {line.index(line.split()[1]) + len(line.split()[1]) for line in rows}  # where each acceptance ends
+    assert len(ends) == 1 and all(line.split()[0] + " " in line for line in rows)
+
+
 def test_k1_lists_speculative(capsys):
     assert main(["acceptance", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "-k", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
