@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 from otm.decode import profile as pf  # noqa: E402
 from otm.laws import OtmError  # noqa: E402
 from otm.optimum import optimal_acceptance  # noqa: E402
-from otm.verifiers import greedy, kseq, optimal, rrs, rrs_without_replacement, speculative  # noqa: E402
+from otm.verifiers import greedy, kseq, kseq_without_replacement, optimal, rrs, rrs_without_replacement, speculative  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -67,7 +67,8 @@ def test_every_number_equals_the_closed_forms_on_the_same_laws(tiny):
     *_, result = tiny
     for k in KS:
         row = result.row(k)
-        recomputed = {name: [] for name in ("iid", "without_replacement", "greedy", "speculative", "kseq", "rrs", "optimal")}
+        recomputed = {name: [] for name in ("iid", "without_replacement", "greedy", "speculative", "kseq", "rrs", "optimal",
+                                            "kseq_without_replacement")}
         for (tl, dl), per_position in zip(result.laws, result.positions[k]):
             for t, d, got in zip(tl, dl, per_position):
                 a_iid = optimal_acceptance(t, d, k, "iid")
@@ -86,6 +87,11 @@ def test_every_number_equals_the_closed_forms_on_the_same_laws(tiny):
                     assert got[name] == pytest.approx(mod.acceptance(t, d, k), abs=1e-12)
                     recomputed[name].append(got[name])
                     assert got[name] <= a_iid + 1e-9  # a rule with an exact law never beats alpha*
+                kw = kseq_without_replacement.acceptance(t, d, k)
+                assert got["kseq_without_replacement"] == pytest.approx(kw, abs=1e-12)
+                assert max(got["kseq"], got["alpha_without_replacement"] / 2) - 1e-9 <= kw  # its proved bounds
+                assert kw <= got["alpha_without_replacement"] + 1e-9
+                recomputed["kseq_without_replacement"].append(kw)
                 assert got["greedy"] == pytest.approx(greedy.acceptance(t, d, k), abs=1e-12)
                 assert got["greedy"] == pytest.approx(got["alpha_greedy"], abs=1e-9)
                 if got["rrs_without_replacement_method"] == "exact":
@@ -155,7 +161,8 @@ def test_json_object_and_text_report(tiny):
     assert set(obj) == {"conditions", "rows", "by_depth", "block_efficiency"}
     assert [r["k"] for r in obj["rows"]] == list(KS)
     assert set(obj["rows"][0]["verifiers"]) == {"speculative"}
-    assert set(obj["rows"][1]["verifiers"]) == {"kseq", "rrs", "optimal", "rrs_without_replacement", "greedy"}
+    assert set(obj["rows"][1]["verifiers"]) == {"kseq", "rrs", "optimal", "rrs_without_replacement", "kseq_without_replacement",
+                                                "greedy"}
     assert all(b["predicted"]["mean"] >= 1 and b["measured"] >= 1 for b in obj["block_efficiency"])
     text = pf.format_profile(result, "otm profile ...")
     for fragment in ("alpha*", "kseq", "rrs_without_replacement", "greedy", "speculative", "bootstrap",

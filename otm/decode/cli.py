@@ -144,7 +144,8 @@ def register(sub) -> None:
     prof.add_argument("--paths", type=int, default=200,
                       help="Monte Carlo paths per position for rrs_without_replacement where its exact sum does not fit "
                            "(default 200)")
-    prof.add_argument("--verifier", default="best", choices=["best", "kseq", "rrs", "rrs_without_replacement"],
+    prof.add_argument("--verifier", default="best", choices=["best", "kseq", "rrs", "rrs_without_replacement",
+                                                             "kseq_without_replacement"],
                       help="verifier of the decode check for k >= 2 (default: the best mean acceptance per k)")
     prof.add_argument("--check-prompts", type=int, default=2, help="prompts of the decode check (default 2)")
     prof.add_argument("--check-tokens", type=int, default=32, help="new tokens per prompt of the decode check (default 32)")

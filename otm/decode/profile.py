@@ -14,7 +14,8 @@ What is measured, and how
 2. **Per position, per k** (:func:`position_acceptances`): alpha* of each draft scheme in closed
    form (:func:`otm.optimum.optimal_acceptance`: iid, without_replacement, greedy when k < V) and
    each verifier's acceptance: ``kseq``, ``rrs``, ``greedy`` and (k = 1) ``speculative`` by their
-   exact closed forms, ``rrs_without_replacement`` by its exact rejection-path sum where that fits,
+   exact closed forms, ``kseq_without_replacement`` by its race quadrature (exact; 30-65 ms a position
+   at V = 49152), ``rrs_without_replacement`` by its exact rejection-path sum where that fits,
    else its unbiased Monte Carlo estimate with a standard error
    (:func:`otm.verifiers.rrs_without_replacement.acceptance`). At k = 1 the schemes coincide and
    alpha* = speculative sampling's acceptance = sum min(target, draft).
@@ -90,10 +91,11 @@ MIN_BOOTSTRAP_PROMPTS = 4
 """With fewer prompts the interval is the normal one over positions (a bootstrap over 2-3 prompts says little)."""
 
 SCHEME_OF = {"speculative": "iid", "kseq": "iid", "rrs": "iid", "optimal": "iid",
-             "rrs_without_replacement": "without_replacement", "greedy": "greedy"}
+             "rrs_without_replacement": "without_replacement", "kseq_without_replacement": "without_replacement",
+             "greedy": "greedy"}
 """The draft scheme each verifier is exact for (its ratio is to alpha* of that scheme)."""
 
-DECODABLE = ("kseq", "rrs", "rrs_without_replacement")
+DECODABLE = ("kseq", "rrs", "rrs_without_replacement", "kseq_without_replacement")
 """Verifiers for k >= 2 that the decoder runs (``otm.decode.decoder.VERIFIERS``); k = 1 runs ``speculative``."""
 
 METHODS = {
@@ -105,6 +107,7 @@ METHODS = {
     "greedy": "closed form (Hu et al.; equals alpha* of the greedy scheme)",
     "optimal": "its own closed form sum min(x*, target) (otm.verifiers.optimal: alpha* less its reported gap)",
     "rrs_without_replacement": "exact rejection-path sum where it fits, else unbiased Monte Carlo with its standard error",
+    "kseq_without_replacement": "beta E[N_rho] at the root of E[N_rho] = rho (exponential-race quadrature; exact)",
 }
 """How each number is computed (printed with the results)."""
 
@@ -177,7 +180,7 @@ def position_acceptances(target, draft, k: int, *, paths: int = DEFAULT_PATHS, r
     the race quadrature is counted in ``quadrature_warnings``.
     """
     from ..optimum import QuadratureWarning, optimal_acceptance
-    from ..verifiers import greedy, kseq, optimal, rrs, rrs_without_replacement, speculative
+    from ..verifiers import greedy, kseq, kseq_without_replacement, optimal, rrs, rrs_without_replacement, speculative
 
     V = len(target)
     with warnings.catch_warnings(record=True) as caught:
@@ -191,6 +194,7 @@ def position_acceptances(target, draft, k: int, *, paths: int = DEFAULT_PATHS, r
                        optimal=optimal.acceptance(target, draft, k),
                        alpha_without_replacement=optimal_acceptance(target, draft, k, "without_replacement"),
                        rrs_without_replacement=est.value, rrs_without_replacement_se=est.se,
+                       kseq_without_replacement=kseq_without_replacement.acceptance(target, draft, k),
                        rrs_without_replacement_method=est.method, rrs_without_replacement_paths=est.paths)
             if k < V:
                 row["alpha_greedy"] = optimal_acceptance(target, draft, k, "greedy")
@@ -532,7 +536,8 @@ def _k_row(k: int, groups: list[list[dict]], length: int, seed: int) -> KRow:
     first = groups[0][0]
     schemes = ["iid"] if k == 1 else ["iid", "without_replacement"] + (["greedy"] if "alpha_greedy" in first else [])
     alpha = {s: interval(col(f"alpha_{s}"), seed=seed) for s in schemes}
-    names = ["speculative"] if k == 1 else ["kseq", "rrs", "optimal", "rrs_without_replacement"] + (["greedy"] if "greedy" in first else [])
+    names = (["speculative"] if k == 1 else ["kseq", "rrs", "optimal", "rrs_without_replacement", "kseq_without_replacement"]
+             + (["greedy"] if "greedy" in first else []))
     verifiers = {}
     for n in names:
         scheme = SCHEME_OF[n]
@@ -590,7 +595,8 @@ def format_profile(p: Profile, command: str = "") -> str:
         f"  alpha*: {METHODS['alpha*']}" + (f"; {c['quadrature_warnings']} quadrature warnings"
                                             if c["quadrature_warnings"] else ""),
         f"  verifiers: speculative, kseq, rrs, greedy exact closed forms; rrs_without_replacement "
-        f"{METHODS['rrs_without_replacement']} ({c['paths']} paths per position)",
+        f"{METHODS['rrs_without_replacement']} ({c['paths']} paths per position); kseq_without_replacement "
+        f"{METHODS['kseq_without_replacement']}",
         f"  intervals: {c['interval']}; ratio = {c['ratio']}",
         "",
         f"per-token acceptance, mean over {c['positions']} positions [95% interval]",
@@ -680,7 +686,8 @@ def plot_profile(p: Profile, out_dir) -> list[Path]:
         raise OtmError(f"--plot directory {str(out_dir)!r} cannot be created: {str(exc).splitlines()[0]}") from None
     ks = [r.k for r in p.rows]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    colors = {"speculative": "k", "kseq": "C0", "rrs": "C1", "rrs_without_replacement": "C2", "greedy": "C3", "optimal": "C4"}
+    colors = {"speculative": "k", "kseq": "C0", "rrs": "C1", "rrs_without_replacement": "C2", "greedy": "C3", "optimal": "C4",
+              "kseq_without_replacement": "C5"}
     scheme_colors = {"iid": "C0", "without_replacement": "C2", "greedy": "C3"}
 
     def err(stats):
