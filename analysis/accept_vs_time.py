@@ -136,7 +136,7 @@ def plot(acc, tim, ks, conditions, out_dir: Path) -> list[Path]:
 
     markers = {"K-SEQ": "o", "RRS": "s", "RRS without replacement": "^", "optimal": "*", "K-SEQ without replacement": "v"}
     colors = {2: "tab:blue", 4: "tab:orange", 8: "tab:green"}
-    fig, ax = plt.subplots(figsize=(8.0, 5.4))
+    fig, ax = plt.subplots(figsize=(9.6, 5.4))
     for label, (_, _, key) in RULES.items():
         for k in ks:
             ax.scatter(tim[label, k][0], acc[key, k], marker=markers[label], s=140 if label == "optimal" else 70,
@@ -157,7 +157,7 @@ def plot(acc, tim, ks, conditions, out_dir: Path) -> list[Path]:
     handles += [Line2D([], [], marker="o", linestyle="", color=c, label=f"k = {k}") for k, c in colors.items() if k in ks]
     handles += [Line2D([], [], linestyle="--", color="black", label="alpha* iid drafts"),
                 Line2D([], [], linestyle=":", color="black", label="alpha* without replacement")]
-    ax.legend(handles=handles, fontsize=7, loc="center", bbox_to_anchor=(0.58, 0.42), ncol=2)  # between the rules
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no marker hidden
     ax.set_title("Acceptance against time per verification, embedded pair, real next-token laws", fontsize=10)
     fig.text(0.01, 0.005, conditions, fontsize=6, va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.07, 1, 1))

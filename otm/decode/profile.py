@@ -14,7 +14,7 @@ What is measured, and how
 2. **Per position, per k** (:func:`position_acceptances`): alpha* of each draft scheme in closed
    form (:func:`otm.optimum.optimal_acceptance`: iid, without_replacement, greedy when k < V) and
    each verifier's acceptance: ``kseq``, ``rrs``, ``greedy`` and (k = 1) ``speculative`` by their
-   exact closed forms, ``kseq_without_replacement`` by its race quadrature (exact; 30-65 ms a position
+   exact closed forms, ``kseq_without_replacement`` by its race quadrature (exact; 25-85 ms a position
    at V = 49152), ``rrs_without_replacement`` by its exact rejection-path sum where that fits,
    else its unbiased Monte Carlo estimate with a standard error
    (:func:`otm.verifiers.rrs_without_replacement.acceptance`). At k = 1 the schemes coincide and
