@@ -649,7 +649,7 @@ def format_profile(p: Profile, command: str = "") -> str:
             "otm bench-decode measures at length)",
             "  Prediction and measurement differ where the draft's quality drops with depth: deeper in the tree the draft",
             "  conditions on its own drafted tokens (a feature draft also on its own guessed features), fewer than k rows",
-            "  pass through an accepted node, and rrs_without_replacement drafts k distinct tokens at the root only (each",
+            "  pass through an accepted node, and drafts without replacement are k distinct tokens at the root only (each",
             "  row below is a single chain verified by speculative sampling). The measured figure also counts the first call",
             "  (a feature draft drafts nothing on it), the depth cut near the token budget and EOS; the depth formula does not.",
         ]
