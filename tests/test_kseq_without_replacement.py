@@ -151,6 +151,22 @@ def test_beats_k_seq_and_the_embedded_rule_where_one_draft_token_dominates():
     assert rl.acceptance > emb and rl.acceptance >= rrsw - 1e-12
 
 
+@pytest.mark.parametrize("tiny", [1e-30, 1e-300])
+def test_draft_masses_near_underflow(tiny):
+    """Three draft tokens of mass ``tiny`` beside two of 1/2: T, the arrival of the third distinct token,
+    has mean ~1/(3 tiny), and so has the root rho (up to 1e299). The search runs in log rho and ends
+    valid, near the root, in few quadratures."""
+    target = np.array([0.1, 0.1, 0.3, 0.3, 0.2])
+    draft = np.array([0.5, 0.5, tiny, tiny, tiny])
+    draft = draft / draft.sum()
+    rl = kw.rule(target, draft, 3)
+    assert rl.trials.value + rl.trials.error <= rl.rho and rl.rho > 0.1 / tiny
+    assert rl.evaluations <= 40
+    assert abs(rl.acceptance - np.minimum(target, rl.rho * draft).sum()) < 1e-9
+    alpha = optimal_acceptance(target, draft, 3, "without_replacement")
+    assert max(alpha / 2, kseq.acceptance(target, draft, 3)) - 1e-9 <= rl.acceptance <= alpha + 1e-9
+
+
 def test_k1_is_speculative_sampling():
     target, draft = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
     rl = kw.rule(target, draft, 1)
