@@ -75,16 +75,14 @@ def collect(prompts: int, positions: int, temperature: float, seed: int) -> tupl
 def acceptances(target, draft, ks, seed):
     """Mean acceptance per (rule or bound, k) over the positions."""
     from otm.decode.profile import position_acceptances
-    from otm.verifiers import kseq_without_replacement
 
     rng = np.random.default_rng(seed)
     out = {}
     for k in ks:
         rows = [position_acceptances(t, d, k, rng=rng) for t, d in zip(target, draft)]
-        for key in ("kseq", "rrs", "optimal", "rrs_without_replacement", "alpha_iid", "alpha_without_replacement"):
+        for key in ("kseq", "rrs", "optimal", "rrs_without_replacement", "kseq_without_replacement", "alpha_iid",
+                    "alpha_without_replacement"):
             out[key, k] = float(np.mean([r[key] for r in rows]))
-        out["kseq_without_replacement", k] = float(np.mean([kseq_without_replacement.acceptance(t, d, k)
-                                                            for t, d in zip(target, draft)]))
         gaps = np.array([r["alpha_iid"] - r["optimal"] for r in rows])
         out["gaps", k] = (int((gaps > 1e-9).sum()), float(gaps.max()), len(rows))
     return out

@@ -141,7 +141,7 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
     """This table's columns at one position, from :func:`otm.decode.profile.position_acceptances` (k >= 2)."""
     from otm.decode.profile import position_acceptances
 
-    from otm.verifiers import kseq_without_replacement, optimal_embedded
+    from otm.verifiers import optimal_embedded
 
     r = position_acceptances(target, draft, k, paths=paths, rng=rng)
     emb = optimal_embedded.membership_acceptance(target, draft, k, samples=paths, rng=rng)
@@ -153,7 +153,7 @@ def evaluate_position(target, draft, k: int, *, paths: int, rng) -> dict:
         "opt_wo": r["alpha_without_replacement"],
         "rrsw": r["rrs_without_replacement"],
         "rrsw_var": r["rrs_without_replacement_se"] ** 2,
-        "kseqw": kseq_without_replacement.acceptance(target, draft, k),  # exact (race quadrature)
+        "kseqw": r["kseq_without_replacement"],  # exact (race quadrature)
         "emb": emb.value,  # optimal_embedded: P(output is a draft), Rao-Blackwellised Monte Carlo over S
         "emb_var": emb.se**2,
         "opt_greedy": r.get("alpha_greedy", float("nan")),

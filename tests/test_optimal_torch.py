@@ -222,14 +222,23 @@ T = 3
 CASES = [(0, 2, 1), (0, 2, 2), (0, 3, 1), (0, 3, 2), (1, 2, 1)]  # setting, k, L (V = 4, k = 3 or L = 2: minutes)
 
 
+def exact_decode_checked(verifier, setting, k, length, scheme):
+    """The decoder in exact mode on ``SETTINGS[setting]``: its law of the first T tokens equals the
+    target's to 1e-12 and sums to 1; returns the ExactDecode."""
+    target, draft, prompt, sampling = SETTINGS[setting]
+    reference = target_law(model_law(target, prompt, sampling), T)
+    ex = exact_decode(target, draft, prompt, verifier=verifier, max_new_tokens=T, k=k, length=length, scheme=scheme,
+                      sampling=sampling)
+    assert law_error(ex.law, reference) < 1e-12, (verifier, setting, k, length)
+    assert abs(sum(ex.law.values()) - 1) < 1e-12
+    return ex
+
+
 @pytest.mark.parametrize("setting,k,length", CASES)
 def test_exact_mode_of_the_decoder_with_optimal(setting, k, length):
     target, draft, prompt, sampling = SETTINGS[setting]
-    reference = target_law(model_law(target, prompt, sampling), T)
+    ex = exact_decode_checked("optimal", setting, k, length, "iid")
     opts = dict(max_new_tokens=T, k=k, length=length, scheme="iid", sampling=sampling)
-    ex = exact_decode(target, draft, prompt, verifier="optimal", **opts)
-    assert law_error(ex.law, reference) < 1e-12
-    assert abs(sum(ex.law.values()) - 1) < 1e-12
     ks = exact_decode(target, draft, prompt, verifier="kseq", **opts)
     assert ex.acceptance_by_depth[0] >= ks.acceptance_by_depth[0] - 1e-12, (ex.acceptance_by_depth, ks.acceptance_by_depth)
 

@@ -28,19 +28,17 @@ import torch
 import otm.torch as ot
 import otm.torch._wor as twor
 from otm.certify import certify
-from otm.decode import Sampling
 from otm.decode.chance import exact_law_of
 from otm.decode.cli import ALL_VERIFIERS
 from otm.decode.decoder import VERIFIERS as DECODER_VERIFIERS
 from otm.decode.decoder import resolve_verifiers
-from otm.decode.exact_mode import exact_decode, law_error, target_law
-from otm.decode.toy import ToyLM, model_law
 from otm.schemes import WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import kseq_without_replacement as npk
 from otm.verifiers import optimal as npo
 from otm.verifiers import optimal_embedded as npe
 
+from test_optimal_torch import exact_decode_checked  # the decoder's exact mode on the toy settings
 from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
     ALPHA, DEVICES, assert_outcome_meaning, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
 
@@ -209,21 +207,9 @@ def test_certified(k):
     assert report.certified, str(report)
 
 
-SETTINGS = [  # target, draft, prompt, sampling
-    (ToyLM(3, seed=11), ToyLM(3, seed=12), [0, 2], Sampling(temperature=0.9, top_k=2)),
-    (ToyLM(4, seed=21), ToyLM(4, seed=22), [1, 3], Sampling(temperature=1.0)),
-]
-T = 3
-
-
 @pytest.mark.parametrize("setting,k,length", [(0, 2, 1), (0, 2, 2), (1, 2, 2), (1, 3, 1)])
 def test_exact_mode_of_the_decoder(setting, k, length):
-    target, draft, prompt, sampling = SETTINGS[setting]
-    reference = target_law(model_law(target, prompt, sampling), T)
-    opts = dict(max_new_tokens=T, k=k, length=length, scheme="without_replacement", sampling=sampling)
-    ex = exact_decode(target, draft, prompt, verifier="kseq_without_replacement", **opts)
-    assert law_error(ex.law, reference) < 1e-12
-    assert abs(sum(ex.law.values()) - 1) < 1e-12
+    exact_decode_checked("kseq_without_replacement", setting, k, length, "without_replacement")
 
 
 # -- optimal_embedded ------------------------------------------------------------------------------
@@ -274,9 +260,5 @@ def test_embedded_registered_certified_and_exact_in_the_decoder():
     assert "optimal_embedded" in DECODER_VERIFIERS["without_replacement"] and "optimal_embedded" in ALL_VERIFIERS
     report = certify(ot.optimal_embedded, kind="torch", scheme="without_replacement", k=2, seed=3)
     assert report.certified, str(report)
-    target, draft, prompt, sampling = SETTINGS[0]
-    reference = target_law(model_law(target, prompt, sampling), T)
     for k, length in ((2, 1), (2, 2)):
-        ex = exact_decode(target, draft, prompt, verifier="optimal_embedded", max_new_tokens=T, k=k, length=length,
-                          scheme="without_replacement", sampling=sampling)
-        assert law_error(ex.law, reference) < 1e-12
+        exact_decode_checked("optimal_embedded", 0, k, length, "without_replacement")

@@ -113,6 +113,14 @@ def check_drafts(drafts, batch: int, device, *, k: int | None = None, name: str 
     return drafts.to(torch.int64)
 
 
+def check_distinct(drafts: torch.Tensor, name: str) -> None:
+    """Drafts drawn without replacement: no token twice in a row (synchronises)."""
+    if drafts.shape[1] > 1:
+        sd = drafts.sort(-1).values
+        if bool((sd[:, 1:] == sd[:, :-1]).any()):
+            _fail(f"{name} needs distinct drafts in every row (drawn without replacement)")
+
+
 def check_draft_values(drafts: torch.Tensor, draft: torch.Tensor) -> None:
     """Drafts in range and of positive draft mass (synchronises)."""
     V = draft.shape[1]

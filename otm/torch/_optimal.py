@@ -103,6 +103,15 @@ def checked_inputs(target, draft, drafts, compute_dtype, validate) -> torch.Tens
     return d
 
 
+def host_laws(target: torch.Tensor, draft: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The two laws as numpy arrays on the CPU for a numpy set-up: float64 when either is float64, else
+    float32 (each row is upcast exactly and normalised in float64 later, as :func:`otm.laws.check_law`
+    does); no copy for CPU float32/float64 tensors."""
+    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
+    p, q = (law.to(host).cpu().numpy() for law in (target, draft))
+    return p, q
+
+
 def distinct_rows(p: np.ndarray, q: np.ndarray) -> tuple[list[int], np.ndarray]:
     """``(first, inverse)``: the first row of each distinct (target, draft) pair, and each row's pair
     index (a fingerprint of every 97th mass, then a full comparison), so equal rows share one set-up."""
@@ -185,8 +194,7 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     device = target.device
     # numpy set-up per distinct row, float64 on the CPU: each row upcast (exactly) and normalised in
     # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
-    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
-    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))  # no copy for CPU float32/float64
+    p_in, q_in = host_laws(target, draft)
     theta_d, key1_d, key2_d, p_d, x_d, draws, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
     if device.type == "cpu" and HOST_DECISIONS:
         return _decide_on_host(u.numpy(), d.numpy(), k, theta_d, key1_d, key2_d, p_d, x_d, draws, targets)

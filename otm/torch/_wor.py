@@ -33,20 +33,26 @@ from ._core import (
     DECISION_DTYPE,
     NOT_ACCEPTED,
     Verified,
-    _fail,
     accept_test,
+    check_distinct,
     residual_draw,
     uniforms_for,
 )
-from ._optimal import _normalised, checked_inputs, distinct_rows
+from ._optimal import _normalised, checked_inputs, distinct_rows, host_laws
+
+
+def _distinct_normalised(p: np.ndarray, q: np.ndarray):
+    """``(inverse, rows)``: each row's index into ``rows``, the distinct (target, draft) pairs normalised in
+    float64 as :func:`otm.laws.check_law` does (rows of equal laws share one set-up)."""
+    first, inverse = distinct_rows(p, q)
+    return inverse, [(_normalised(p[r])[0], _normalised(q[r])[0]) for r in first]
 
 
 def _setups(p: np.ndarray, q: np.ndarray, d: np.ndarray):
     """Per row: ``(p64, q64)`` float64 ``[batch, V]`` normalised as :func:`otm.laws.check_law` does,
     ``rho``, ``trials`` (E[N_rho]) and ``rest`` (draft mass outside the row's drafts) ``[batch]``."""
     batch, k = d.shape
-    first, inverse = distinct_rows(p, q)
-    rows = [(_normalised(p[r])[0], _normalised(q[r])[0]) for r in first]
+    inverse, rows = _distinct_normalised(p, q)
     rules = [_np_kw._build(pr, qr, k) for pr, qr in rows]
     p64 = np.stack([rows[i][0] for i in inverse])
     q64 = np.stack([rows[i][1] for i in inverse])
@@ -78,11 +84,10 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
     d = checked_inputs(target, draft, drafts, compute_dtype, validate)
     batch, k = d.shape
     if validate:
-        _check_distinct(d, "kseq_without_replacement")
+        check_distinct(d, "kseq_without_replacement")
     u = uniforms_for(uniforms, batch, 2 * k, target.device, generator, validate)  # [batch, 2k]
     device = target.device
-    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
-    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))
+    p_in, q_in = host_laws(target, draft)
     p64, q64, rho, trials, rest = _setups(p_in, q_in, d.cpu().numpy())
     p = torch.from_numpy(p64).to(device)  # [batch, V] float64
     q = torch.from_numpy(q64).to(device)
@@ -130,13 +135,6 @@ class _Uniforms:
         return out
 
 
-def _check_distinct(d: torch.Tensor, name: str) -> None:
-    if d.shape[1] > 1:
-        sd = d.sort(-1).values
-        if bool((sd[:, 1:] == sd[:, :-1]).any()):
-            _fail(f"{name} needs distinct drafts in every row (drawn without replacement)")
-
-
 def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
                      validate=True) -> Verified:
     r"""The iid ``optimal`` rule on the i.i.d. draws embedded in drafts drawn without replacement (module doc).
@@ -158,13 +156,11 @@ def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, co
     d = checked_inputs(target, draft, drafts, compute_dtype, validate)
     batch, k = d.shape
     if validate:
-        _check_distinct(d, "optimal_embedded")
+        check_distinct(d, "optimal_embedded")
     u = uniforms_for(uniforms, batch, 2 * k + 1, target.device, generator, validate).cpu().numpy()
-    host = torch.float64 if target.dtype == torch.float64 or draft.dtype == torch.float64 else torch.float32
-    p_in, q_in = (law.to(host).cpu().numpy() for law in (target, draft))
+    p_in, q_in = host_laws(target, draft)
     d_np = d.cpu().numpy()
-    first, inverse = distinct_rows(p_in, q_in)
-    rows = [(_normalised(p_in[r])[0], _normalised(q_in[r])[0]) for r in first]
+    inverse, rows = _distinct_normalised(p_in, q_in)
     rules = [_np_oe.rule(pr, qr, k) for pr, qr in rows]
     token = np.empty(batch, dtype=np.int64)
     accepted = np.empty(batch, dtype=np.int64)

@@ -45,6 +45,7 @@ from ._core import (
     _fail,
     accept_test,
     assemble,
+    check_distinct,
     check_draft_values,
     check_drafts,
     check_law_tensor,
@@ -324,10 +325,8 @@ def rrs_without_replacement(
     """
     p, q, d, u = _prepare(target, draft, drafts, uniforms, generator, compute_dtype, validate)
     k = d.shape[1]
-    if validate and k > 1:
-        sd = d.sort(-1).values
-        if bool((sd[:, 1:] == sd[:, :-1]).any()):
-            _fail("rrs_without_replacement needs distinct drafts in every row (drawn without replacement)")
+    if validate:
+        check_distinct(d, "rrs_without_replacement")
     current, proposal = p, q  # [batch, V]: p_i, q_i
     accept = torch.empty(d.shape, dtype=torch.bool, device=p.device)  # [batch, k]
     for i in range(k):

@@ -124,12 +124,18 @@ def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, 
     y = int(d[i])
     if accept(rng, p_y, x_y):
         return Outcome(y, i)
-    u = rng.random()
+    return draw_and_name(d, rng.random(), draw, fallback)
+
+
+def draw_and_name(d: np.ndarray, u: float, draw, fallback: np.ndarray) -> Outcome:
+    """After every draft is rejected: ``draw(u)`` from the residual (None: no mass, probability 0 in
+    exact arithmetic, then the inverse CDF of ``fallback`` at the same ``u``, as :func:`residual_sample`
+    does), naming the first draft equal to the token, if any."""
     z = draw(u)
     if z is None:
         z = inverse_cdf(fallback, u)
     hit = np.flatnonzero(d == z)
-    return Outcome(z, int(hit[0]) if hit.size else None)
+    return Outcome(int(z), int(hit[0]) if hit.size else None)
 
 
 __all__ = [
@@ -139,6 +145,7 @@ __all__ = [
     "check_inputs",
     "residual_law",
     "serve_selected",
+    "draw_and_name",
     "inverse_cdf_draw",
     "require_scheme",
     "residual_sample",

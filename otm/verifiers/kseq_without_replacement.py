@@ -104,12 +104,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
 from . import kseq
-from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law
+from .base import Outcome, check_inputs, draw_and_name, inverse_cdf_draw, require_scheme, residual_law
 from .optimal import OptimalBound
 from .optimal_embedded import _avail, _distinct, _rest
 
@@ -199,7 +200,7 @@ class Rule:
     def acc_rate(self) -> np.ndarray:
         return _rates(self.target, self.draft, self.rho)[0]
 
-    @property
+    @cached_property
     def beta(self) -> float:
         return float(self.acc_rate.sum())
 
@@ -209,9 +210,16 @@ class Rule:
         return float(self.beta * self.trials.value)
 
     def residual(self) -> np.ndarray:
-        """``p - E[N] min(q, p/rho)``: ``p (1 - E[N]/rho)`` on ``p < rho q``, ``p - q E[N]`` elsewhere."""
+        """``p - E[N] min(q, p/rho)``: ``p (1 - E[N]/rho)`` on ``p < rho q``, ``p - q E[N]`` elsewhere
+        (computed once per rule: every rejection and every exact law given S reads it)."""
+        return self._residual
+
+    @cached_property
+    def _residual(self) -> np.ndarray:
         p, q, t = self.target, self.draft, self.trials.value
-        return np.where(p < self.rho * q, p * (1.0 - t / self.rho), p - q * t)
+        out = np.where(p < self.rho * q, p * (1.0 - t / self.rho), p - q * t)
+        out.flags.writeable = False
+        return out
 
 
 def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
@@ -330,14 +338,7 @@ def _sample(rl: Rule, d: np.ndarray, rest: float, rng: np.random.Generator) -> O
         j = int(np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right"))
         if j <= m:
             return Outcome(int(d[j]), j)
-    u = rng.random()
-    z = inverse_cdf_draw(rl.residual)(u)
-    if z is None:  # probability 0 in exact arithmetic (serve_selected's convention)
-        from ..laws import inverse_cdf
-
-        z = inverse_cdf(rl.target, u)
-    hit = np.flatnonzero(d == z)
-    return Outcome(int(z), int(hit[0]) if hit.size else None)
+    return draw_and_name(d, rng.random(), inverse_cdf_draw(rl.residual), rl.target)
 
 
 def _inputs(target, draft, drafts):
