@@ -134,6 +134,33 @@ def test_acceptance_per_token_is_trials_times_the_accepted_rate(k):
         assert np.abs(per - rl.trials.value * rl.acc_rate).max() < 1e-12
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_exact_law_check_catches_realistic_bugs(k, monkeypatch):
+    """The exact-law check (law error < 1e-9 on every enumerated draft set) against two planted bugs of
+    realistic size: E[N_rho] 1% low (a stale or under-resolved quadrature: law error 0.0020 at k = 2
+    and 3) and the residual 10% high at its largest token (law error 0.0082 at k = 2, 0.0043 at k = 3),
+    on laws whose residual holds two tokens (a single-token residual is immune to rescaling)."""
+    target, draft = np.array([0.05, 0.3, 0.3, 0.15, 0.2]), np.array([0.6, 0.05, 0.05, 0.15, 0.15])
+    scheme = WithoutReplacement(draft, k)
+    assert evaluate("kseq_without_replacement", scheme, target).law_error < 1e-12
+    r = kw.rule(target, draft, k).residual()
+    assert (r > 1e-6 * r.sum()).sum() == 2  # (the rest is the root's rounding, ~1e-10 of p on H0)
+    honest = kw.expected_trials
+    with monkeypatch.context() as mp:
+        mp.setattr(kw, "expected_trials", lambda *a, **o: kw.Trials(honest(*a, **o).value * 0.99, 0.0, 0))
+        assert evaluate("kseq_without_replacement", scheme, target).law_error > 1.5e-3
+    honest_res = kw.Rule._residual
+
+    def high(rule):
+        r = honest_res.func(rule).copy()
+        r[int(np.argmax(r))] *= 1.1
+        return r
+
+    with monkeypatch.context() as mp:
+        mp.setattr(kw.Rule, "_residual", property(high))
+        assert evaluate("kseq_without_replacement", scheme, target).law_error > 3e-3
+
+
 def test_beats_k_seq_and_the_embedded_rule_where_one_draft_token_dominates():
     """A dominant draft token: i.i.d. drafts keep repeating it, drafts without replacement cannot.
     The rule's root rho moves far past K-SEQ's and the acceptance approaches alpha*_wor."""

@@ -32,13 +32,16 @@ from otm.decode.chance import exact_law_of
 from otm.decode.cli import ALL_VERIFIERS
 from otm.decode.decoder import VERIFIERS as DECODER_VERIFIERS
 from otm.decode.decoder import resolve_verifiers
+from otm.decode.exact_mode import exact_decode, law_error, target_law
+from otm.decode.toy import model_law
 from otm.schemes import WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import kseq_without_replacement as npk
 from otm.verifiers import optimal as npo
 from otm.verifiers import optimal_embedded as npe
 
-from test_optimal_torch import exact_decode_checked  # the decoder's exact mode on the toy settings
+from test_kseq_without_replacement import _given_stale  # the rule's planted off-by-one
+from test_optimal_torch import SETTINGS, T, exact_decode_checked  # the decoder's exact mode on the toy settings
 from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
     ALPHA, DEVICES, assert_outcome_meaning, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
 
@@ -212,6 +215,18 @@ def test_exact_mode_of_the_decoder(setting, k, length):
     exact_decode_checked("kseq_without_replacement", setting, k, length, "without_replacement")
 
 
+def test_exact_mode_of_the_decoder_catches_the_stale_unseen_mass(monkeypatch):
+    """Negative control: the rule's off-by-one (the repeat phase reading 1 - q(A_{m-1}), TV 0.0289 in the
+    sampler test) planted in the law the decoder's exact mode enumerates: the decoder's law of the first
+    T tokens moves off the target's by more than 1e-3."""
+    target, draft, prompt, sampling = SETTINGS[1]
+    reference = target_law(model_law(target, prompt, sampling), T)
+    monkeypatch.setattr(npk, "_given", _given_stale)
+    ex = exact_decode(target, draft, prompt, verifier="kseq_without_replacement", max_new_tokens=T, k=3, length=1,
+                      scheme="without_replacement", sampling=sampling)
+    assert law_error(ex.law, reference) > 1e-3
+
+
 # -- optimal_embedded ------------------------------------------------------------------------------
 
 
@@ -231,6 +246,11 @@ def test_embedded_same_uniforms_same_outcome_as_numpy(k):
         want = (o.token, ot.NOT_ACCEPTED if o.accepted is None else o.accepted)
         assert (int(out.token[r]), int(out.accepted[r])) == want, (r, p[r], q[r], d[r], u[r])
     assert bool((out.accepted == ot.NOT_ACCEPTED).any()) or k == 1
+    if k > 1:  # negative control: a wiring bug (the race reading the walk's uniforms first) is seen
+        perm = np.r_[k - 1 : 2 * k - 1, 0 : k - 1, 2 * k - 1 : 2 * k + 1]
+        bad = ot.optimal_embedded(t(p), t(q), torch.as_tensor(d), uniforms=t(u[:, perm]))
+        want = [npe.sample(p[r], q[r], d[r], SeqRng(u[r])) for r in range(rows)]
+        assert any(int(bad.token[r]) != w.token for r, w in enumerate(want))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
