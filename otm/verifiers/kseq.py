@@ -96,6 +96,16 @@ def rho_star(target, draft, k: int) -> float:
     idx = np.searchsorted(rs, points, side="left")  # number of breakpoints < rho
     gs = np.array([segment_g(pt, i) for pt, i in zip(points, idx)])
     first = int(np.argmax(gs <= 0.0)) if (gs <= 0.0).any() else len(points) - 1
+    if first == 0:
+        # g(1) > 0 above but <= 0 in the segment form: near-identical laws, where suf_p - suf_q cancels to
+        # within rounding of a g(1) of ~1e-16. Bracket and solve with the direct form instead.
+        from scipy.optimize import brentq
+
+        direct = np.array([g(target, draft, k, pt) for pt in points[1:]])
+        first = 1 + int(np.argmax(direct <= 0.0))
+        lo, hi = points[first - 1], points[first]
+        root = brentq(lambda x: g(target, draft, k, x), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+        return min(float(k), root * (1.0 + SAFETY))
     lo, hi = points[first - 1], points[first]
     seg = int(np.searchsorted(rs, lo, side="right"))  # A, B constant on (lo, hi)
     if segment_g(lo, seg) <= 0.0:  # g ~ 0 at a breakpoint: the two one-sided forms differ by rounding

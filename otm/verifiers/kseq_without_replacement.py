@@ -32,7 +32,7 @@ the law of K-SEQ's accepted token with :math:`E[N_\rho]` in place of
 \ge q(\rho - E[N_\rho])`); then the output law is exactly :math:`p`. ``rule`` takes a root
 :math:`\rho^*` of :math:`h(\rho) = E[N_\rho] - \rho` (it exists: :math:`h(\rho^*_{iid}) \ge 0` and
 :math:`h(E[T]) \le 0`), approached from above: the returned :math:`\rho` has :math:`E[N_\rho]` plus its
-quadrature error at most :math:`\rho` (valid) and :math:`\rho - E[N_\rho] \le 10^{-10} \rho`
+quadrature error at most :math:`\rho` (valid; :attr:`Trials.upper`) and :math:`\rho - E[N_\rho] \le 10^{-10} \rho`
 (:data:`ROOT_TOL`), so every statement "at a root" below holds to a relative 1e-10.
 
 Acceptance
@@ -137,11 +137,19 @@ def _left_tail(h: float) -> float:
 
 @dataclass(frozen=True)
 class Trials:
-    """:math:`E[N_\\rho]` by the race quadrature, with the step-2h check difference and the grid size."""
+    """:math:`E[N_\\rho]` by the race quadrature, with the step-2h check difference and the grid size.
+
+    ``upper`` is the bound the validity test reads: ``value + error``, or :math:`\\rho` itself where no
+    token has :math:`p > \\rho q` (:func:`bounded`)."""
 
     value: float
     error: float
     nodes: int
+    upper: float = math.inf
+
+    def __post_init__(self):
+        if self.upper == math.inf:
+            object.__setattr__(self, "upper", self.value + self.error)
 
 
 def _rates(target: np.ndarray, draft: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
@@ -222,25 +230,39 @@ class Rule:
         return out
 
 
+def bounded(p: np.ndarray, q: np.ndarray, t: Trials, rho: float) -> Trials:
+    """``t`` with the exact bound :math:`E[N_\\rho] \\le \\rho` applied where it holds.
+
+    Where no token has :math:`p > \\rho q`, :math:`\\beta = \\sum_y p_y/\\rho = 1/\\rho`, and
+    :math:`E[N_\\rho] \\le 1/\\beta` (the test stops at the latest at the first accepted arrival): every such
+    :math:`\\rho` is valid and its acceptance :math:`\\sum \\min(p, \\rho q)` is 1. There the deficit
+    :math:`\\rho - E[N_\\rho]` can lie far below the quadrature's error (near-identical laws: it is
+    :math:`O((\\rho - 1)^2)` at k = 2), which hid the valid region from the root search and sent it up to
+    :math:`\\rho - 1 \\approx 10^{-4}`, off the root. Capping the estimate at the bound moves it towards the
+    truth, never away from it."""
+    if not bool(np.all(p <= rho * q)):
+        return t
+    return Trials(min(t.value, rho), t.error, t.nodes, upper=min(t.upper, rho))
+
+
 def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
     lo = kseq.rho_star(p, q, k)
     memo: dict[float, Trials] = {}
 
     def trials(rho: float) -> Trials:
         if rho not in memo:
-            memo[rho] = expected_trials(p, q, k, rho)
+            memo[rho] = bounded(p, q, expected_trials(p, q, k, rho), rho)
         return memo[rho]
 
     if float(np.minimum(p, q).sum()) == 0.0:  # disjoint laws: nothing is accepted whatever rho, r = p;
         t = trials(lo)  # E[N] = E[T], and rho = E[T] is a root
-        return Rule(p, q, k, max(lo, t.value + t.error), t, lo, 1)
+        return Rule(p, q, k, max(lo, t.upper), t, lo, 1)
 
     def g(x: float) -> float:  # log((E[N_rho] + its error) / rho) at rho = e^x: > 0 not valid, <= 0 valid
         rho = math.exp(x)
         t = trials(rho)
-        v = t.value + t.error
-        out = math.log(v / rho)
-        return min(out, 0.0) if v <= rho else max(out, 1e-300)  # the sign is the validity test itself
+        out = math.log((t.value + t.error) / rho)  # its size: how far from a root
+        return min(out, 0.0) if t.upper <= rho else max(out, 1e-300)  # its sign: the validity test itself
 
     # E[N_rho] increases with rho, so rho <- E[N_rho] climbs from rho*_iid towards the smallest root from
     # below; secant steps through those points (in log rho, pushed 10% further, at least doubling the
@@ -262,9 +284,10 @@ def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
         fb = g(b)
     # Illinois (regula falsi, halving the stale end) on [a invalid, b valid]; stop when b is within
     # ROOT_TOL of a root (relative) or the bracket is 1e-13 wide (relative)
-    side = 0
+    # (fa, fb are the secant's weights, halved on a stale end; gb is g(b) itself, which the stop reads)
+    side, gb = 0, fb
     for _ in range(200):
-        if -fb <= ROOT_TOL or b - a <= 1e-13:
+        if -gb <= ROOT_TOL or b - a <= 1e-13:
             break
         x = b - fb * (b - a) / (fb - fa)
         if not a < x < b:
@@ -276,7 +299,7 @@ def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
                 fb *= 0.5
             side = 1
         else:
-            b, fb = x, fx
+            b, fb, gb = x, fx, fx
             if side == -1:
                 fa *= 0.5
             side = -1
