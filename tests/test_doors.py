@@ -18,6 +18,7 @@ from otm.lp import solve_lp
 from otm.optimum import optimal_acceptance, optimal_acceptance_of
 from otm.schemes import make_scheme
 from otm.verifiers import greedy, kseq, optimal, rrs, rrs_without_replacement, spechub, speculative
+from hyp import examples
 
 GOOD = [0.5, 0.3, 0.2]
 
@@ -68,7 +69,7 @@ DOORS = {
 
 
 @pytest.mark.parametrize("door", sorted(DOORS))
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(target=BAD_LAWS, draft=BAD_LAWS, k=BAD_K, scheme=SCHEMES)
 def test_every_door_refuses_malformed_input_in_one_line(door, target, draft, k, scheme):
     one_line_or_success(lambda: DOORS[door](target, draft, k, scheme))
@@ -76,7 +77,7 @@ def test_every_door_refuses_malformed_input_in_one_line(door, target, draft, k, 
 
 @pytest.mark.parametrize("module", [speculative, kseq, rrs, rrs_without_replacement, greedy, spechub, optimal],
                          ids=lambda m: m.__name__.split(".")[-1])
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(drafts=BAD_DRAFTS, target=BAD_LAWS, draft=BAD_LAWS)
 def test_verifier_laws_and_samplers_refuse_malformed_drafts(module, drafts, target, draft):
     one_line_or_success(lambda: module.law(target, draft, drafts))

@@ -20,6 +20,7 @@ from otm.laws import OtmError
 from otm.lp import Plan, count_variables, rows_from_tuples_unfolded, solve_lp
 from otm.schemes import IID, Greedy, Scheme, SpecHub, Table, WithoutReplacement, rows_from_tuples
 from strategies import law, pair
+from hyp import examples
 
 SCHEMES = {
     "iid": lambda q, k: IID(q, k),
@@ -95,7 +96,7 @@ def check_plan(res, scheme, target, tol=1e-12):
 _TINY = np.array([4e-10, 0.25, 0.375, 0.375]) / (1 + 4e-10)  # summing to 1, as the strategy's laws do
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=examples(150), **SETTINGS)
 @given(pair(2, 6), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
 # a 4e-10 mass: the unfolded cvxpy plan lost 1.09e-9 of acceptance in the repair before its top-up
 @example(tq=(_TINY, _TINY), k=3, name="iid")
@@ -127,7 +128,7 @@ def table_case(draw):
     return Table(tuples, probs, V), target
 
 
-@settings(max_examples=80, **SETTINGS)
+@settings(max_examples=examples(80), **SETTINGS)
 @given(table_case())
 def test_table_scheme_value_and_plan(case):
     scheme, target = case
@@ -140,7 +141,7 @@ def test_table_scheme_value_and_plan(case):
             check_plan(res, scheme, target)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(pair(2, 5), st.integers(1, 3), st.sampled_from(["iid", "without_replacement", "greedy"]))
 def test_lp_agrees_with_pot_network_simplex(tq, k, name):
     target, draft = tq
@@ -162,7 +163,7 @@ def test_pot_and_brute_force_references_agree_on_a_fixed_case():
 # ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(pair(2, 6))
 def test_single_draft_is_maximal_coupling(tq):
     target, draft = tq
@@ -170,7 +171,7 @@ def test_single_draft_is_maximal_coupling(tq):
     assert abs(res.value - np.minimum(target, draft).sum()) < 1e-9
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=examples(30), **SETTINGS)
 @given(st.integers(2, 6).flatmap(law), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
 def test_identical_laws_accept_everything(q, k, name):
     # every scheme here draws some token set whose law dominates q in the sense Q(H) <= q(H)
@@ -179,7 +180,7 @@ def test_identical_laws_accept_everything(q, k, name):
         assert abs(solve_lp(scheme, q, backend=backend).value - 1.0) < 1e-9
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=examples(30), **SETTINGS)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.data())
 def test_disjoint_supports_accept_nothing(a, b, k, data):
     target = np.concatenate([data.draw(law(a)), np.zeros(b)])
@@ -191,7 +192,7 @@ def test_disjoint_supports_accept_nothing(a, b, k, data):
         check_plan(res, IID(draft, k), target)
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=examples(30), **SETTINGS)
 @given(st.integers(2, 6).flatmap(law), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)), st.data())
 def test_point_mass_target_accepts_with_probability_of_being_drafted(q, k, name, data):
     scheme = make(name, q, k)
@@ -276,7 +277,7 @@ def as_dict(rows, values=None):
     return {tuple(rows.members(r)): values[r] for r in range(rows.n)}
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(st.integers(2, 5).flatmap(law), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
 def test_vectorised_rows_and_plan_folding_match_the_schemes(q, k, name):
     scheme = make(name, q, k)

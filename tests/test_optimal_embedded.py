@@ -19,6 +19,7 @@ from otm.verifiers import VERIFIERS, applicable, optimal
 from otm.verifiers import optimal_embedded as oe
 
 from strategies import pair
+from hyp import examples
 
 
 def _scheme(draft, k):
@@ -97,7 +98,7 @@ def test_walk_paths_are_restricted_growth_sequences_and_the_sampler_walks_them()
 
 
 # (b) exact law over the enumerated scheme; acceptance between alpha*_iid and alpha*_wor -----------
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(pq=pair(min_V=2, max_V=6), k=st.integers(1, 4))
 def test_law_exact_and_acceptance_between_iid_and_wor_optimum(pq, k):
     target, draft = pq

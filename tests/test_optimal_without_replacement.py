@@ -19,6 +19,7 @@ from otm.verifiers import VERIFIERS, Verifier, applicable
 from otm.verifiers import optimal_without_replacement as ow
 
 from strategies import pair
+from hyp import examples
 
 OW = Verifier("optimal_without_replacement", ow, ("without_replacement",))
 
@@ -54,7 +55,7 @@ def _subset_sums(x):
 
 
 # (a) exact law by enumeration; the rule's acceptance and x* against alpha* ----------------------
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(pq=pair(min_V=2, max_V=6), k=st.integers(1, 4))
 def test_law_exact_and_acceptance_is_alpha_star(pq, k):
     target, draft = pq

@@ -32,9 +32,10 @@ from otm.optimum import (
 )
 from otm.schemes import IID, Greedy, SpecHub, Table, WithoutReplacement, make_scheme
 from strategies import law, pair
+from hyp import examples
 
 TOL = 1e-10
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def q_inside(scheme, H: np.ndarray) -> float:
@@ -181,7 +182,7 @@ def test_descending_order_is_wrong_negative_control():
 # -----------------------------------------------------------------------------
 # the without-replacement membership law Q(H) for arbitrary H
 # -----------------------------------------------------------------------------
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.integers(3, 9).flatmap(law), st.integers(2, 5), st.randoms(use_true_random=False))
 def test_race_quadrature_matches_enumeration(draft, k, rnd):
     assume(np.count_nonzero(draft) >= k)
@@ -441,7 +442,7 @@ def test_exchange_inequality_fails_for_greedy_drafts_negative_control():
     assert exchange_slack(WithoutReplacement(draft, 2), draft) > 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(3, 9).flatmap(law), st.integers(2, 4), st.randoms(use_true_random=False))
 def test_q_is_convex_in_the_draft_mass_along_any_order(draft, k, rnd):
     # a consequence of (E) used by the window method's chords: along any order, the slope
@@ -549,7 +550,7 @@ def medium_pair(draw):
     return law_family(kind, rng, V)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(medium_pair(), st.integers(3, 8))
 def test_window_matches_reference_on_hypothesis_laws(laws, k):
     target, draft = laws
@@ -582,7 +583,7 @@ def heavy_law(draw):
     return q / q.sum()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(heavy_law(), st.integers(2, 6), st.randoms(use_true_random=False))
 def test_heavy_bounds_bound_q_at_every_prefix(draft, k, rnd):
     # lo <= Q(H_j) <= hi for every prefix of any order, Q summed from the enumerated draft tuples;
@@ -620,7 +621,7 @@ def equal_heavy_law(draw):
     return q / q.sum()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(equal_heavy_law(), heavy_law()), st.integers(2, 6), st.randoms(use_true_random=False),
        st.floats(0.0, 0.3))
 def test_heavy_count_bounds_bound_q_at_every_prefix(draft, k, rnd, threshold):
@@ -683,7 +684,7 @@ def test_heavy_bounds_are_tight_for_a_dominant_token():
     assert np.all(hi <= 1.05 * Q[js]) and np.all(lo >= 0.95 * Q[js])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(heavy_law(), st.integers(1, 6), st.floats(1e-3, 1e13))
 def test_ek_bound_bounds_the_race_count_tail(qH, k, t):
     # F_H(t) = P(N_H(t) >= k) <= e_k(q_H) t^k <= ek_bound t^k: the premise of the raised lower cut
@@ -717,7 +718,7 @@ def test_race_grid_lower_cut_rises_only_with_a_small_ek():
     assert 1e-70 * math.exp(high[0]) ** 9 / 9 <= 1e-17 * (1 + 1e-9)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pair(3, 8), st.integers(3, 5))
 def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
     # small V never reaches HEAVY_FROM candidates: force the heavy-token rounds on every law
@@ -733,7 +734,7 @@ def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
     assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(medium_pair(), st.integers(3, 8))
 def test_window_with_heavy_bounds_forced_matches_reference(laws, k):
     from unittest import mock

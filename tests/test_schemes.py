@@ -9,6 +9,7 @@ from otm.laws import OtmError
 from otm.schemes import IID, Greedy, SpecHub, Table, WithoutReplacement, make_scheme, rows_from_tuples
 from otm.testing import chi2_gof, chi2_power
 from strategies import law
+from hyp import examples
 
 SCHEMES = {
     "iid": lambda q, k: IID(q, k),
@@ -22,7 +23,7 @@ def as_dict(rows):
     return {tuple(rows.members(r)): rows.mass[r] for r in range(rows.n)}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(2, 5).flatmap(law), st.integers(1, 4), st.sampled_from(sorted(SCHEMES)))
 def test_enumeration_is_a_law_and_folding_agrees(q, k, name):
     try:
@@ -41,7 +42,7 @@ def test_enumeration_is_a_law_and_folding_agrees(q, k, name):
     assert scheme.n_sets() >= len(direct)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(2, 5).flatmap(law), st.integers(1, 3))
 def test_iid_marginals(q, k):
     tuples, probs = IID(q, k).enumerate()

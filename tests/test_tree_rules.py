@@ -439,6 +439,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from otm.analysis.tree_optimum import draft_rows  # noqa: E402
 from test_tree_optimum import lossless_violation  # noqa: E402
+from hyp import examples
 
 
 @st.composite
@@ -459,7 +460,7 @@ def _law_tables(draw):
     return V, k, L, scheme, {p: law() for p in prefixes}, {p: law() for p in prefixes}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(_law_tables())
 def test_traversal_is_lossless_on_every_tree_of_random_law_tables(case):
     """(The merged-tree bug fails this property within a few examples; the test below asserts it.)"""

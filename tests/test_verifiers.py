@@ -17,6 +17,7 @@ from otm.optimum import brute_force_optimum
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
 from otm.verifiers import VERIFIERS, applicable, greedy, kseq, rrs, spechub, speculative
 from strategies import pair
+from hyp import examples
 
 TOL = 1e-9
 SCHEMES = {
@@ -34,7 +35,7 @@ def build(name, draft, k):
         return None  # scheme undefined for this draft (e.g. support smaller than k)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(pair(max_V=5), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
 def test_every_verifier_is_exact_and_below_the_optimum(laws, k, name):
     target, draft = laws
@@ -53,7 +54,7 @@ def test_every_verifier_is_exact_and_below_the_optimum(laws, k, name):
             assert abs(ev.acceptance - np.minimum(target, draft).sum()) <= TOL
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(pair(max_V=6), st.integers(1, 4))
 def test_kseq_closed_form_rho_and_guarantee(laws, k):
     target, draft = laws
@@ -80,7 +81,7 @@ def test_kseq_closed_form_rho_and_guarantee(laws, k):
         assert closed >= (1 - (1 - 1 / k) ** k) * optimum - 1e-9
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(pair(max_V=5), st.integers(1, 3))
 def test_closed_form_acceptances_match_enumeration(laws, k):
     target, draft = laws
