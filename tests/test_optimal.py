@@ -341,6 +341,26 @@ def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
     assert multi  # groups of several tokens were drawn from
 
 
+@pytest.mark.parametrize("bits,rounds", [(0, 0), (None, 4)])
+def test_residual_draws_for_many_uniforms_are_the_scalar_draws(bits, rounds, monkeypatch):
+    """Rule.draw_residual_many (otm.torch.optimal's rows sharing a rule) gives, uniform by uniform, the
+    token Rule.draw_residual gives: 0, 1 - 2^-53, and uniforms next to every group's and token's edge."""
+    if bits is not None:
+        monkeypatch.setattr(optimal, "GROUP_BITS", bits)
+    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+    rng = np.random.default_rng(5)
+    for target, draft, k in _residual_cases():
+        rl = optimal.rule(target, draft, k)
+        res = rl.residual()
+        if not res.sum() > 0:
+            continue
+        edges = np.cumsum(res) / res.sum()
+        us = np.concatenate([[0.0, np.nextafter(1.0, 0.0)], rng.random(500), edges[:-1],
+                             np.nextafter(edges[:-1], 0.0), np.nextafter(edges[:-1], 1.0)])
+        us = us[(us >= 0) & (us < 1)]
+        assert rl.draw_residual_many(us) == [rl.draw_residual(float(u)) for u in us]
+
+
 def test_residual_draw_planted_bugs_are_caught(monkeypatch):
     """Negative controls for the check above, on a case with groups of several tokens (k = 4, residual
     mass 0.23), each caught by a law error above 1e-3 (the check resolves 1e-12). TV of the drawn

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ class Generation:
 
 
 def _device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in itertools.chain(model.parameters(), model.buffers()):  # the first floating one (not a list of all)
         if t.is_floating_point():
             return t.device, t.dtype
     raise OtmError(f"{type(model).__name__} has no floating parameters: give a causal language model")

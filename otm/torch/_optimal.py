@@ -156,12 +156,22 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     # one row at a time up to the group layouts, which are solved for all rows together
     distinct = _np_optimal._drive([_row_steps(p[r], q[r], k) for r in first], k)
     rules = [distinct[i] for i in inverse]
-    for r, rl in enumerate(rules):
-        theta_d[r], key1_d[r], key2_d[r], x_d[r] = rl.at(d[r])
-        target_d[r] = rl.target_law.at(d[r])
+    for j, rl in enumerate(distinct):  # the rows sharing a rule at once (elementwise: the same numbers)
+        rows = np.flatnonzero(inverse == j)
+        toks = d[rows].ravel()
+        theta, key1, key2, x = rl.at(toks)
+        theta_d[rows], key1_d[rows], key2_d[rows] = theta.reshape(-1, k), key1.reshape(-1, k), key2.reshape(-1, k)
+        x_d[rows], target_d[rows] = x.reshape(-1, k), rl.target_law.at(toks).reshape(-1, k)
 
     def draws(rows, us):
-        return [rules[r].draw_residual(u) for r, u in zip(rows, us)]
+        rows, us = np.asarray(rows, dtype=np.int64), np.asarray(us, dtype=np.float64)
+        out: list[int | None] = [None] * rows.size
+        which = inverse[rows]
+        for j in np.unique(which):
+            at = np.flatnonzero(which == j)
+            for i, tok in zip(at, distinct[j].draw_residual_many(us[at])):
+                out[i] = tok
+        return out
 
     def targets(rows):
         return np.stack([rules[r].target for r in rows])

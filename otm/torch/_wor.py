@@ -120,21 +120,6 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
     return Verified(torch.where(accepted, y_acc, z), torch.where(accepted, index, z_index))
 
 
-class _Uniforms:
-    """Hands out one row's uniforms in order, as ``rng.random()`` / ``rng.random(n)`` would."""
-
-    def __init__(self, values: np.ndarray):
-        self.values, self.used = values, 0
-
-    def random(self, size=None):
-        if size is None:
-            self.used += 1
-            return float(self.values[self.used - 1])
-        out = self.values[self.used : self.used + size]
-        self.used += size
-        return out
-
-
 def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
                      validate=True) -> Verified:
     r"""The iid ``optimal`` rule on the i.i.d. draws embedded in drafts drawn without replacement (module doc).
@@ -164,11 +149,11 @@ def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, co
     rules = [_np_oe.rule(pr, qr, k) for pr, qr in rows]
     token = np.empty(batch, dtype=np.int64)
     accepted = np.empty(batch, dtype=np.int64)
-    for r in range(batch):
-        i = inverse[r]
-        o = _np_oe._sample(rules[i], rows[i][0], rows[i][1], d_np[r], _Uniforms(u[r]))
-        token[r] = o.token
-        accepted[r] = NOT_ACCEPTED if o.accepted is None else o.accepted
+    for i, rl in enumerate(rules):  # the rows sharing a rule at once: the numpy sampler's operations, vectorised
+        at = np.flatnonzero(inverse == i)
+        tok, acc = _np_oe.sample_rows(rl, rows[i][0], rows[i][1], d_np[at], u[at])
+        token[at] = tok
+        accepted[at] = np.where(acc < 0, NOT_ACCEPTED, acc)
     device = target.device
     return Verified(torch.from_numpy(token).to(device), torch.from_numpy(accepted).to(device))
 

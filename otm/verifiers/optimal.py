@@ -484,6 +484,34 @@ class Rule:
             j = int(np.flatnonzero(res > 0)[-1])
         return int(toks[j])
 
+    def draw_residual_many(self, us) -> list[int | None]:
+        """:meth:`draw_residual` for each uniform in ``us``: the same float64 operations elementwise, so
+        the same tokens, with one pass over a group's sub-bucket ids per group drawn instead of per draw
+        (a batch of rows sharing this rule)."""
+        us = np.asarray(us, dtype=np.float64)
+        r = self.residual_groups
+        c = np.cumsum(r)
+        if not c[-1] > 0:
+            return [None] * us.size
+        v = us * c[-1]
+        G = np.searchsorted(c, v, side="right")
+        G[G >= r.size] = np.flatnonzero(r > 0)[-1]
+        out: list[int | None] = [None] * us.size
+        for g in np.unique(G):
+            rows = np.flatnonzero(G == g)
+            toks, res = self._group_residual(int(g))
+            cc = np.cumsum(res)
+            if not cc[-1] > 0:  # the scalar path's rounding-level fallback, row by row
+                for i in rows:
+                    out[i] = self.draw_residual(float(us[i]))
+                continue
+            w = np.minimum((v[rows] - (c[g - 1] if g else 0.0)) / r[g], 1.0)
+            j = np.searchsorted(cc, w * cc[-1], side="right")
+            j[j >= toks.size] = np.flatnonzero(res > 0)[-1]
+            for i, t in zip(rows, toks[j]):
+                out[i] = int(t)
+        return out
+
     def plan(self) -> Plan:
         """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
         theta, key1, key2, x = self.at()

@@ -94,7 +94,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..laws import OtmError, check_k, check_law
+from ..laws import OtmError, check_k, check_law, inverse_cdf
 from . import optimal
 from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound
@@ -237,6 +237,43 @@ def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: 
     keys = np.where(u < theta[path], key1[path], key2[path])
     j = int(path[int(np.argmin(keys))])  # the selected draft's index in S
     return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.draw_residual, target)
+
+
+def sample_rows(rl: optimal.Rule, target, draft, d: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_sample` for many rows sharing one rule, with each row's uniforms given in the sampler's
+    order (``u [n, 2k + 1]``: walk ``0..k-2``, race passes ``k-1..2k-2``, accept test ``2k-1``, residual
+    draw ``2k``): ``(token [n], accepted [n])``, -1 where no draft is named. The same float64 operations
+    row by row, vectorised over the rows (otm.torch.optimal_embedded on the host)."""
+    n, k = d.shape
+    q_s = draft[d]  # [n, k]
+    rest = float(draft.sum()) - q_s.sum(axis=1)  # _rest, row by row (the same sums)
+    for r in np.flatnonzero(rest < 1e-3):
+        rest[r] = _rest(draft, d[r])
+    avail = rest[:, None] + np.cumsum(q_s[:, ::-1], axis=1)[:, ::-1]  # _avail, row by row
+    cq = np.cumsum(q_s, axis=1)
+    path = np.zeros((n, k), dtype=np.int64)
+    m = np.ones(n, dtype=np.int64)
+    rows = np.arange(n)
+    for i in range(1, k):  # walk, row by row: searchsorted(cq[:m], t, "right") = #{c < m: cq_c <= t}
+        t = u[:, i - 1] * (cq[rows, m - 1] + avail[rows, np.minimum(m, k - 1)])
+        j = ((cq <= t[:, None]) & (np.arange(k)[None, :] < m[:, None])).sum(axis=1)
+        path[:, i] = j
+        m += j == m
+    theta, key1, key2, x_s = (a.reshape(n, k) for a in rl.at(d.ravel()))
+    th, k1, k2 = (np.take_along_axis(a, path, axis=1) for a in (theta, key1, key2))
+    keys = np.where(u[:, k - 1 : 2 * k - 1] < th, k1, k2)
+    j = path[rows, np.argmin(keys, axis=1)]  # the selected draft's index in S (first on ties)
+    y = d[rows, j]
+    accepted = u[:, 2 * k - 1] * x_s[rows, j] < target[y]  # base.accept: u * den < num
+    token = np.where(accepted, y, -1)
+    index = np.where(accepted, j, -1)
+    rejected = np.flatnonzero(~accepted)
+    for r, z in zip(rejected, rl.draw_residual_many(u[rejected, 2 * k])):
+        if z is None:  # base.draw_and_name's fallback
+            z = inverse_cdf(target, float(u[r, 2 * k]))
+        hit = np.flatnonzero(d[r] == z)
+        token[r], index[r] = z, (hit[0] if hit.size else -1)
+    return token, index
 
 
 def _check_k(d: np.ndarray) -> None:
