@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-models bench-lp bench-closed-form bench-verify check-versions venv clean
+.PHONY: demo test test-slow test-explore test-models bench-lp bench-closed-form bench-verify check-versions venv clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/otm demo
 
+# deterministic: hypothesis's ci profile (tests/hyp.py), every generator seeded; about 5 minutes on 2 cores
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not model"
+	$(PY) -m pytest -q -n 2 -m "not model and not research"
+
+# the research-only tests (analysis searches whose conclusions the docs quote): not run by make test
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m research
+
+# the hypothesis properties with fresh randomness and SCALE x their examples (about 10 minutes at 25);
+# prints its seed, and how to pin a failure (docs/testing.md)
+SCALE ?= 25
+test-explore: $(STAMP)
+	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "test-explore: hypothesis seed $$seed, examples x$(SCALE) (rerun this draw: make test-explore SEED=$$seed)"; \
+	OTM_HYPOTHESIS=explore OTM_EXPLORE_SCALE=$(SCALE) $(PY) -m pytest -q -n 2 -m "hypothesis and not model" \
+		--hypothesis-seed=$$seed --hypothesis-show-statistics -p no:randomly
 
 test-models: $(STAMP)
 	$(PY) -m pytest -q -m model

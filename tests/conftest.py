@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import random
 
-import numpy as np
+# One thread per process: make test runs two xdist workers on two cores, and the notebook kernels and CLI
+# subprocesses the tests start inherit this. With torch's default (one thread a core) they spun against
+# each other: the decode notebook took 52 s inside the suite and 5 s alone. Set before numpy and torch load.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = os.environ.get("OTM_TEST_THREADS", "1")
+
+import numpy as np  # noqa: E402
 import pytest
 
-import hyp  # registers and loads the hypothesis profile before any test module builds its settings
+import hyp  # noqa: E402  registers and loads the hypothesis profile before any test module builds its settings
 
 GLOBAL_SEED = 20261127
 """Every test starts with Python's, numpy's legacy and torch's global generators at this seed, so a

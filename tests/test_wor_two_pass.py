@@ -13,6 +13,7 @@ from otm.optimum import optimal_acceptance
 from otm.verifiers import optimal_without_replacement as ow
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.research  # a research script's check: make test-slow, not make test
 
 
 @pytest.fixture(scope="module")
