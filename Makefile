@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # deterministic: hypothesis's ci profile (tests/hyp.py), every generator seeded; about 5 minutes on 2 cores
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not model and not research"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not model and not research"
 
 # the research-only tests (analysis searches whose conclusions the docs quote): not run by make test
 test-slow: $(STAMP)

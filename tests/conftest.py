@@ -73,6 +73,12 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow`` first (stable otherwise): xdist then starts the long ones at once instead
+    of leaving one running alone at the end while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_report_header(config):
     return f"hypothesis profile: {hyp.PROFILE} (examples x{hyp.SCALE})"
 

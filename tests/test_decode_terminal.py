@@ -86,6 +86,7 @@ def squeeze(text: str) -> str:
     return "".join(text.split())
 
 
+@pytest.mark.slow
 def test_terminal_shows_the_text_intact_and_the_figures_on_one_line(pair):
     result = subprocess.run(command(pair, "--json"), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -104,6 +105,7 @@ def test_terminal_shows_the_text_intact_and_the_figures_on_one_line(pair):
     assert "per target call" not in body  # ... and never left on the text
 
 
+@pytest.mark.slow
 def test_piped_stdout_is_the_text_alone(pair):
     piped = subprocess.run(command(pair), capture_output=True, text=True, timeout=300)
     assert piped.returncode == 0, piped.stderr
