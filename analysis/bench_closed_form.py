@@ -75,6 +75,7 @@ import warnings
 from functools import lru_cache
 
 import numpy as np
+from scipy.special import softmax
 import scipy
 
 from otm.optimum import (
@@ -90,11 +91,6 @@ from otm.schemes import make_scheme
 V = 49152
 KS = (2, 4, 8)
 SCHEMES = ("iid", "without_replacement")
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    w = np.exp(x - x.max())
-    return w / w.sum()
 
 
 def make_laws(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:

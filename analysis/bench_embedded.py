@@ -33,6 +33,7 @@ import sys
 import time
 
 import numpy as np
+from scipy.special import softmax
 
 from otm.optimum import optimal_acceptance
 from otm.verifiers import kseq_without_replacement as kw
@@ -41,11 +42,6 @@ from otm.verifiers import optimal_embedded as oe
 from otm.verifiers import rrs_without_replacement as rrsw
 
 V = 49152
-
-
-def softmax(x):
-    w = np.exp(x - x.max())
-    return w / w.sum()
 
 
 def laws(rng):
@@ -97,7 +93,7 @@ def main() -> None:
                 kw_setup = (time.perf_counter() - t0) * 1e3
                 t0 = time.perf_counter()
                 for d in sets:
-                    kw._sample(kr, d, oe._rest(q, d), rng)
+                    kw._sample(kr, d, oe.mass_outside(q, d), rng)
                 kw_verify = (time.perf_counter() - t0) / len(sets) * 1e3
                 print(f"{name:<14}{seed:>4}{k:>3}{setup:>9.2f}{verify:>10.3f}{law_ms:>8.2f}{sel:>8.4f}{mem.value:>8.4f}"
                       f"{mem.se:>8.1e}{a_iid:>8.4f}{a_wor:>8.4f}{rr.value:>8.4f}{rr.se:>8.1e}{kw_setup:>9.1f}"

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.special import softmax
 from scipy.optimize import minimize
 from tqdm import tqdm
 
@@ -34,11 +35,6 @@ from otm.optimum import optimal_acceptance
 from otm.schemes import WithoutReplacement
 from otm.verifiers import kseq
 from otm.verifiers import kseq_without_replacement as kw
-
-
-def softmax(x):
-    w = np.exp(x - x.max())
-    return w / w.sum()
 
 
 def random_case(rng):

@@ -26,6 +26,7 @@ import argparse
 import time
 
 import numpy as np
+from scipy.special import softmax
 from scipy.optimize import minimize
 
 from otm.optimum import ratio_order
@@ -147,11 +148,6 @@ def draw(rng: np.random.Generator, family: str, V: int) -> tuple[np.ndarray, np.
     p = q * (1 + 1e-3 * rng.standard_normal(V))
     p = np.abs(p)
     return p / p.sum(), q
-
-
-def softmax(x):
-    w = np.exp(x - x.max())
-    return w / w.sum()
 
 
 def attack(rng, V, k, x0=None) -> tuple[float, float, np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ import argparse
 import time
 
 import numpy as np
+from scipy.special import softmax
 
 from otm.optimum import optimal_acceptance, race_grid
 from otm.schemes import WithoutReplacement
@@ -290,10 +291,6 @@ def big(V, k, fam, sweeps, seed=0):
     import math
 
     rng = np.random.default_rng(seed)
-
-    def softmax(x):
-        w = np.exp(x - x.max())
-        return w / w.sum()
 
     z, e = rng.standard_normal(V), rng.standard_normal(V)
     sc = {"peaked": 3, "sharp": 8}[fam]

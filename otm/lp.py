@@ -459,7 +459,7 @@ def _stdout_silenced():
         os.close(devnull)
 
 
-def _new_highs():
+def new_highs():
     import highspy
 
     with _stdout_silenced():
@@ -476,7 +476,7 @@ def _solve_highs(rows: Rows, target: np.ndarray, timings: dict):
     index = np.empty(2 * nnz, dtype=np.int32)
     index[0::2] = _row_ids(rows)
     index[1::2] = n + rows.tokens
-    h = _new_highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     for name, value in {**HIGHS_OPTIONS, **FAST_PATH_OPTIONS}.items():
         h.setOptionValue(name, value)

@@ -47,7 +47,16 @@ class GofResult:
         )
 
 
-def _pool(expected: np.ndarray, min_expected: float) -> np.ndarray:
+def wilson_interval(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    """Two-sided Wilson score interval for a binomial proportion at ``confidence`` (scipy's
+    ``binomtest(...).proportion_ci(method="wilson")``); ``(0, 1)`` when ``n`` is 0."""
+    if n == 0:
+        return 0.0, 1.0
+    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def pool_cells(expected: np.ndarray, min_expected: float) -> np.ndarray:
     """Cell -> pooled-cell index, pooling the cells with expected count below ``min_expected``."""
     groups = np.arange(expected.size)
     small = np.flatnonzero(expected < min_expected)
@@ -79,7 +88,7 @@ def chi2_gof(counts, probs, alpha: float = 1e-3, min_expected: float = MIN_EXPEC
     support = probs > 0
     impossible = int(counts[~support].sum())
     e = n * probs[support]
-    groups = _pool(e, min_expected)
+    groups = pool_cells(e, min_expected)
     e_pool = _pooled(e, groups)
     o_pool = _pooled(counts[support], groups)
     df = e_pool.size - 1
@@ -95,7 +104,7 @@ def chi2_power(n: int, probs0, probs1, alpha: float = 1e-3, min_expected: float 
     p1 = np.asarray(probs1, dtype=float)
     support = p0 > 0
     off = float(p1[~support].sum())  # mass on impossible cells: caught outright
-    groups = _pool(n * p0[support], min_expected)
+    groups = pool_cells(n * p0[support], min_expected)
     q0 = _pooled(p0[support], groups)
     q1 = _pooled(p1[support], groups)
     df = q0.size - 1

@@ -129,3 +129,115 @@ def test_the_import_check_sees_a_violation(tmp_path):
     assert _violations(fake, tmp_path / "otm") == ["otm.decode", "torch"]
     fake.write_text("def f():\n    import torch\n    from ..decode import decoder\n")
     assert _violations(fake, tmp_path / "otm") == []
+
+
+# -- no import cycles, no imports of another module's private names -------------------------------------
+# Every import counts, at module level or inside a function (a function-level import only defers a cycle).
+# ``from . import x`` names the module x when there is one; an edge into a package means its __init__.
+
+
+def _module_names(package: Path) -> dict[str, Path]:
+    out = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports_anywhere(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str | None]]:
+    """``(module imported, name taken from it or None)`` for every import in the file, resolved."""
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for a in node.names:
+                full = f"{source}.{a.name}"
+                out.append((full, None) if full in modules else (source, a.name))
+    return out
+
+
+def import_graph(package: Path = PACKAGE) -> tuple[dict[str, set[str]], list[str]]:
+    """``(graph, private)``: module -> the package's modules it imports; and every ``from M import _x``
+    of a private name ``_x`` defined in another module M of the package."""
+    modules = _module_names(package)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    private = []
+    for name, path in modules.items():
+        for target, taken in _imports_anywhere(name, path, modules):
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target != name:
+                graph[name].add(target)
+                if taken and taken.startswith("_") and not taken.startswith("__"):
+                    private.append(f"{name} imports {taken} from {target}")
+    return graph, private
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_and_no_private_imports():
+    graph, private = import_graph()
+    assert cycles(graph) == []
+    assert private == []
+
+
+def test_the_cycle_and_private_checks_see_planted_ones(tmp_path):
+    """Negative control: a two-module cycle through a function-level import, a private name imported from a
+    sibling; and the same package without them passes."""
+    pkg = tmp_path / "otm"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from .b import helper\n\ndef _secret():\n    return 1\n")
+    (pkg / "sub" / "b.py").write_text("def helper():\n    from . import a\n    return a\n")
+    (pkg / "c.py").write_text("from .sub.a import _secret\nfrom .sub import b\n")
+    graph, private = import_graph(pkg)
+    assert cycles(graph) == [["otm.sub.a", "otm.sub.b"]]
+    assert private == ["otm.c imports _secret from otm.sub.a"]
+    (pkg / "sub" / "b.py").write_text("def helper():\n    return 2\n")
+    (pkg / "c.py").write_text("from .sub import b\n")
+    graph, private = import_graph(pkg)
+    assert cycles(graph) == [] and private == []

@@ -18,7 +18,7 @@ from otm.schemes import IID, WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import VERIFIERS, applicable, kseq
 from otm.verifiers import kseq_without_replacement as kw
-from otm.verifiers.optimal_embedded import _avail, _rest
+from otm.verifiers.embedding import mass_outside, unseen_mass
 
 from strategies import pair
 from hyp import examples
@@ -130,7 +130,7 @@ def test_acceptance_per_token_is_trials_times_the_accepted_rate(k):
         tuples, probs = scheme.enumerate()
         per = np.zeros(V)
         for t, pr in zip(tuples, probs):
-            acc, _ = kw._given(rl, np.asarray(t), _rest(draft, np.asarray(t)))
+            acc, _ = kw._given(rl, np.asarray(t), mass_outside(draft, np.asarray(t)))
             np.add.at(per, np.asarray(t), pr * acc)
         assert np.abs(per - rl.trials.value * rl.acc_rate).max() < 1e-12
 
@@ -213,7 +213,7 @@ def _given_stale(rl, d, rest):
     mass, 1 - q(A_{m-1}) instead of 1 - q(A_m) (an off-by-one in the walk)."""
     q_s = rl.draft[d]
     b = kw._rates(rl.target[d], q_s, rl.rho)[0]
-    avail = _avail(q_s, rest)
+    avail = unseen_mass(q_s, rest)
     acc, surv = np.zeros(d.size), 1.0
     for m in range(d.size):
         a = b[m] / q_s[m]
@@ -230,7 +230,7 @@ def _given_stale(rl, d, rest):
 def _sample_stale(rl, d, rest, rng):
     q_s = rl.draft[d]
     b = kw._rates(rl.target[d], q_s, rl.rho)[0]
-    avail = _avail(q_s, rest)
+    avail = unseen_mass(q_s, rest)
     for m in range(d.size):
         if rng.random() * q_s[m] < b[m]:
             return kw.Outcome(int(d[m]), m)
@@ -284,7 +284,7 @@ def test_sampler_matches_membership_cells_and_catches_two_planted_bugs(monkeypat
     assert 0.02 < tv < 0.04, tv  # 0.0289
     assert chi2_power(N, p0, p1) > 0.99
     rl = bound.rule
-    assert chi2_gof(counts(lambda d, rng: _sample_stale(rl, d, _rest(DRAFT, d), rng), 32), p0).reject
+    assert chi2_gof(counts(lambda d, rng: _sample_stale(rl, d, mass_outside(DRAFT, d), rng), 32), p0).reject
 
     # bug 2, the repeats forgotten: the exact law alone shows it (K-SEQ's loop with E[N] > its own)
     with monkeypatch.context() as mp:

@@ -68,9 +68,9 @@ def test_walk_embeds_iid_draws_exactly(k):
         P = np.zeros((V,) * k)
         paths = oe.walk_paths(k)
         for t, pr in zip(tuples, probs):
-            w = oe.walk_weights(q[t], oe._rest(q, t))
+            w = oe.walk_weights(q[t], oe.mass_outside(q, t))
             assert abs(w.sum() - 1) < 1e-12
-            assert np.abs(w - _path_weights(_true_step, q[t], oe._rest(q, t))).max() < 1e-15
+            assert np.abs(w - _path_weights(_true_step, q[t], oe.mass_outside(q, t))).max() < 1e-15
             np.add.at(P, tuple(t[paths].T), pr * w)
         iid = q
         for _ in range(k - 1):

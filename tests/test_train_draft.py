@@ -130,7 +130,7 @@ def test_data_directory_meta_refuses_other_settings_and_accepts_older_files(tmp_
 def _ttt_against_decoder(depth: int, seed: int = 0, mask=None) -> float:
     """Largest difference between the training-time test's depth-d hidden states (all positions in
     one pass per depth) and the decoder's own incremental drafting of every chain (its
-    ``_FeatureRunner``: the context read with true features, then drafted elements with the
+    ``FeatureRunner``: the context read with true features, then drafted elements with the
     draft's guesses, through its KV cache) on a tiny float64 feature draft."""
     import draftlab
     from test_feature_draft import tiny_pair
@@ -158,7 +158,7 @@ def _ttt_against_decoder(depth: int, seed: int = 0, mask=None) -> float:
     with torch.no_grad():
         for b in range(B):
             for t in range(S - depth + 1):  # a chain whose first drafted element is at position t
-                runner = dec._FeatureRunner(draft, "draft")
+                runner = dec.FeatureRunner(draft, "draft")
                 h = runner.feed(ids[b, : t + 1].tolist(), inputs[b, : t + 1])  # depth 1: true features
                 worst = max(worst, (h[0] - hs[0][b, t]).abs().max().item())
                 for d in range(2, depth + 1):  # depth d reads the guess of depth d - 1

@@ -147,7 +147,7 @@ def _law_phase_reads_next_uniform(rl, d, rest):
     cell) followed by the test of the next draft with the SAME v (accept iff v q < b)."""
     q_s = rl.draft[d]
     b = np.minimum(q_s, rl.target[d] / rl.rho)
-    avail = npk._avail(q_s, rest)
+    avail = npk.unseen_mass(q_s, rest)
     k = d.size
     acc, surv = np.zeros(k), 1.0
     a0 = b[0] / q_s[0]

@@ -46,9 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import softmax
 
 from ..laws import OtmError, check_law
-from .io import load_resume_cache, write_table
+from ..verifiers.kseq import guarantee as bound  # SpecTr's guarantee, by the name the tables use
+from .io import group_label, load_resume_cache, write_table  # noqa: F401  (group_label: read by the figures)
 
 DIRICHLET = (0.1, 0.3, 1.0, 3.0)
 TEMPERATURES = (0.25, 0.5, 0.7, 1.0, 1.5, 2.0)
@@ -60,13 +62,6 @@ RATIOS = {  # name: (verifier column, optimum column, label)
     "rrs": ("rrs", "opt_iid", "RRS / α*(iid)"),
     "rrsw": ("rrsw", "opt_wo", "RRS w/o repl. / α*(w/o repl.)"),
 }
-
-
-def bound(k) -> np.ndarray | float:
-    """SpecTr's guarantee for K-SEQ: :math:`1 - (1 - 1/k)^k` (1 at k = 1, decreasing to 1 - 1/e)."""
-    k = np.asarray(k, dtype=float)
-    out = 1.0 - (1.0 - 1.0 / k) ** k
-    return float(out) if out.ndim == 0 else out
 
 
 @dataclass(frozen=True)
@@ -85,12 +80,6 @@ class Config:
 
 
 QUICK = Config(V=20, pairs=6, ks=tuple(range(1, 17)), paths=200, seed=0)
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max()
-    e = np.exp(z)
-    return e / e.sum()
 
 
 def family_names() -> list[tuple[str, float]]:
@@ -180,10 +169,6 @@ def sweep(cfg: Config, out: Path, *, families=None, progress: bool = True, resum
 
 
 # ----------------------------------------------------------------------------- summaries
-
-
-def group_label(family: str, param: float) -> str:
-    return f"Dirichlet({param:g})" if family == "dirichlet" else f"temperature T={param:g}"
 
 
 def ratio_table(rows: list[dict]) -> list[dict]:

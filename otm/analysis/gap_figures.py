@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .gap import bound, group_label
-from .io import save_figure, wrap
+from ..verifiers.kseq import guarantee as bound
+from .io import group_label, save_figure, wrap
 
 
 STYLE = {"kseq": ("C0", "K-SEQ / α*(iid)"), "rrs": ("C1", "RRS / α*(iid)"), "rrsw": ("C2", "RRS w/o repl. / α*(w/o)")}

@@ -64,3 +64,8 @@ def save_figure(fig, stem: Path) -> list[Path]:
     fig.savefig(paths[0], dpi=100, bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None})
     return paths
+
+
+def group_label(family: str, param: float) -> str:
+    """The label of a sweep's family of laws in tables and figures."""
+    return f"Dirichlet({param:g})" if family == "dirichlet" else f"temperature T={param:g}"

@@ -179,12 +179,12 @@ def _solve(cost, rows, cols, vals, rhs, n_rows):
     import highspy
     import scipy.sparse as sp
 
-    from ..lp import HIGHS_OPTIONS, _new_highs
+    from ..lp import HIGHS_OPTIONS, new_highs
 
     n = cost.size
     A = sp.csc_matrix((vals, (rows, cols)), shape=(n_rows, n))
     A.sum_duplicates()
-    h = _new_highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     for name, value in HIGHS_OPTIONS.items():
         h.setOptionValue(name, value)

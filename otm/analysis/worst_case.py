@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from scipy.special import softmax
 from scipy.optimize import minimize
 
 from ..laws import OtmError
+from ..verifiers.kseq import guarantee as bound  # noqa: F401  (otm.analysis.worst_case.bound, as the scripts read it)
 
 LOGIT_BOX = 20.0
 MIN_OPTIMUM = 1e-6
@@ -72,17 +74,6 @@ RULES: dict[str, Callable[[np.ndarray, np.ndarray, int], float]] = {
     "rrs": _rrs,
     "rrsw": _rrsw,
 }
-
-
-def bound(k: int) -> float:
-    """:math:`1 - (1 - 1/k)^k`."""
-    return 1.0 - (1.0 - 1.0 / k) ** k
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max()
-    e = np.exp(z)
-    return e / e.sum()
 
 
 @dataclass(frozen=True)

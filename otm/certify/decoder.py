@@ -14,7 +14,7 @@ target's own law of T tokens (plain enumeration of its processed next-token laws
   sequences at level :math:`\alpha / B` over the B settings (Bonferroni), N from the noncentral
   chi-square so that every output law at total variation ``tv`` or more from the target (on the
   merged cells) is detected with power at least 0.99: the least favourable alternative has
-  noncentrality :math:`4 n\,\mathrm{tv}^2` (Cauchy-Schwarz, :func:`otm.certify.rules.draws_for`).
+  noncentrality :math:`4 n\,\mathrm{tv}^2` (Cauchy-Schwarz, :func:`otm.certify.power.draws_for`).
 
 The acceptance reported is the decoder's acceptance at depth 1 (exact, or pooled over the runs with
 a 95% Wilson interval); the decoder's trees have no single alpha\*, so ``optimum`` is left empty.
@@ -29,12 +29,11 @@ from collections import Counter
 
 import numpy as np
 import torch
-from scipy import stats
 
 from ..laws import OtmError
-from ..testing import chi2_gof
+from ..testing import chi2_gof, wilson_interval
+from .power import LAW_TOLERANCE, POWER, draws_for
 from .report import Case, Report
-from .rules import LAW_TOLERANCE, POWER, _wilson, draws_for
 
 DEFAULT_DECODER_TV = 0.05
 """Default total variation the statistical decoder run detects with power 0.99."""
@@ -147,7 +146,7 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
                 case.tv = total_variation({c: v / n for c, v in counts.items()}, reference)
                 if verified:
                     case.acceptance = accepted / verified
-                    case.acceptance_ci = _wilson(accepted, verified, stats.norm.ppf(0.975))
+                    case.acceptance_ci = wilson_interval(accepted, verified, 0.95)
                 if gof.reject:
                     case.passed = False
                     case.reason = (f"{gof.impossible} runs emitted a sequence the target never emits" if gof.impossible

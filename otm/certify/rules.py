@@ -60,28 +60,22 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from scipy import optimize, stats
 
 from ..laws import OtmError, check_k, check_law
 from ..optimum import BRUTE_FORCE_MAX_V, brute_force_optimum, optimal_acceptance_of
-from ..testing import MIN_EXPECTED, _pool, chi2_gof
+from ..testing import MIN_EXPECTED, chi2_gof, wilson_interval
+from .power import LAW_TOLERANCE, POWER, draws_for
 from .bank import CERTIFY_SCHEMES, Instance, build_scheme, fixed_bank, pairs
 from .report import Case, Report, law_text
 
 KINDS = ("law", "sampler", "torch", "decoder")
 """Forms of rule :func:`certify` takes."""
 
-LAW_TOLERANCE = 1e-9
-"""Largest accepted ``max |out - target|`` (and sum error of one conditional law) for exact certification."""
-
 DEFAULT_TV = 0.01
 """Default total variation the statistical run must detect with power :data:`POWER`."""
 
 DEFAULT_ALPHA = 1e-3
 """Default family-wise level: the chance of refuting a valid rule."""
-
-POWER = 0.99
-"""Power against every alternative at the requested total variation."""
 
 MAX_TUPLES = 20_000
 """Largest number of draft tuples enumerated per case (larger cases are skipped and listed)."""
@@ -218,53 +212,6 @@ def _tv(a: np.ndarray, b: np.ndarray) -> float:
     return 0.5 * float(np.abs(a - b).sum())
 
 
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def noncentrality_for_power(df: int, alpha: float, power: float = POWER) -> float:
-    """The noncentrality at which the chi-square test with ``df`` degrees of freedom at level ``alpha`` has ``power``."""
-    crit = stats.chi2.ppf(1.0 - alpha, df)
-    return float(optimize.brentq(lambda lam: stats.ncx2.sf(crit, df, lam) - power, 1e-9, 1e7))
-
-
-def draws_for(target: np.ndarray, tv: float, alpha: float, power: float = POWER) -> int:
-    """Draws n such that the chi-square test at level ``alpha`` detects every output law at total
-    variation >= ``tv`` from ``target`` (on the merged cells) with probability >= ``power``.
-
-    Least favourable alternative: noncentrality ``4 n tv^2`` (module docstring). Cells with
-    expected count below 5 are pooled, which depends on n: iterate until the pooling is stable.
-    A target with one cell (a point mass) is tested by its impossible cells alone:
-    ``1 - (1 - tv)^n >= power``.
-
-    >>> draws_for(np.array([0.5, 0.3, 0.2]), 0.01, 1e-3)
-    88119
-    """
-    if not 0 < tv < 1:
-        raise OtmError(f"--tv must lie in (0, 1) (total variation to detect), got {tv!r}")
-    support = target[target > 0]
-    n_point = math.ceil(math.log(1 - power) / math.log(1 - tv))
-    if support.size <= 1:
-        return n_point
-    n = 10_000
-    for _ in range(20):
-        groups = _pool(n * support, MIN_EXPECTED)
-        df = int(groups.max())  # pooled cells - 1
-        if df < 1:
-            return n_point
-        new = max(n_point, math.ceil(noncentrality_for_power(df, alpha, power) / (4 * tv * tv)))
-        if new == n:
-            break
-        n = new
-    return n
-
-
 class _ZeroUniforms:
     """A numpy Generator whose ``random()`` returns exactly 0.0 (the boundary probe); every other
     method is a real generator's."""
@@ -346,7 +293,7 @@ def _statistical_case(draw, inst: Instance, scheme_name: str, k: int, *, tv: flo
     case.tv = _tv(counts / n, target)
     hits = int(members.sum())
     case.acceptance = hits / n
-    case.acceptance_ci = _wilson(hits, n, stats.norm.ppf(0.975))
+    case.acceptance_ci = wilson_interval(hits, n, 0.95)
     case.optimum = _optimum(scheme, target)
     reasons = []
     if gof.impossible:
@@ -355,7 +302,7 @@ def _statistical_case(draw, inst: Instance, scheme_name: str, k: int, *, tv: flo
     elif gof.reject:
         reasons.append(f"output law differs from the target: chi-square p = {gof.pvalue:.3g} < {level:.3g} "
                        f"(empirical TV {case.tv:.3g})")
-    lo = _wilson(hits, n, stats.norm.ppf(1 - level))[0]
+    lo = wilson_interval(hits, n, 1.0 - 2.0 * level)[0]
     if lo > case.optimum + 1e-12:
         reasons.append(f"acceptance {case.acceptance:.4f} is above alpha* = {case.optimum:.4f} beyond its interval "
                        f"(lower bound {lo:.4f} at level {level:.2g}): no valid rule accepts more often")

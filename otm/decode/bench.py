@@ -267,16 +267,16 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     """
     import torch
 
-    from .decoder import _FeatureRunner, _is_feature_draft, _Runner
+    from .decoder import FeatureRunner, Runner, is_feature_draft_model
     from .sampling import Sampling, next_token_laws
     from .tree import DraftTree, tree_inputs
 
     sampling = Sampling() if sampling is None else sampling
     prompt = list(context if prompt is None else prompt)
-    features = _is_feature_draft(draft)
+    features = is_feature_draft_model(draft)
     calls: dict[tuple[str, int], object] = {}
     with torch.inference_mode():
-        t = _Runner(target, "target")
+        t = Runner(target, "target")
         t.feed(context[:-1])
         past = t.length()
 
@@ -292,7 +292,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
             return call
 
         def draft_call(b: int):
-            d = (_FeatureRunner if features else _Runner)(draft, "draft")
+            d = (FeatureRunner if features else Runner)(draft, "draft")
             H = getattr(getattr(draft, "config", None), "hidden_size", 0)
             if features:
                 d.feed(context, torch.zeros(len(context), H, dtype=d.dtype, device=d.device))
@@ -317,7 +317,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
 
         def prefill_call(keep_all: bool):
             def call():
-                p = _Runner(target, "target")
+                p = Runner(target, "target")
                 logits = p.forward(*p.chain(prompt), keep=len(prompt) if keep_all else 1)
                 next_token_laws(logits[0, -1:], sampling, dtype=torch.float64)
 

@@ -291,9 +291,9 @@ def cmd_bench(args) -> int:
 
     peer = None
     if not args.no_hf and (args.peer_draft or isinstance(draft, FeatureDraft)):
-        from .models import _model_dir
+        from .models import model_dir
 
-        path = _model_dir(args.peer_draft, "peer draft") if args.peer_draft else default_token_draft_path()
+        path = model_dir(args.peer_draft, "peer draft") if args.peer_draft else default_token_draft_path()
         peer = load_draft(path, target)
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,

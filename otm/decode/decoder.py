@@ -52,7 +52,6 @@ past, so still exact) and no token beyond the limit is drafted.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import itertools
 import numbers
@@ -64,6 +63,7 @@ import torch
 
 from .. import torch as ot
 from ..laws import OtmError
+from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: the decoder's public names)
 from .chance import Chance, Sampled
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
@@ -166,26 +166,7 @@ def _vocab_size(model) -> int | None:
     return int(v) if v is not None else None
 
 
-def cache_keyword(forward) -> str:
-    """The keyword a model's ``forward`` takes its KV cache by: ``cache`` (transformers >= 5.24, which
-    deprecates ``past_key_values`` with a warning on every call) or ``past_key_values`` (earlier).
-    Memoised per function (a feature draft asks on every call; ``inspect.signature`` took 0.27 ms)."""
-    return _cache_keyword(getattr(forward, "__func__", forward))
-
-
-@functools.lru_cache(maxsize=256)
-def _cache_keyword(function) -> str:
-    params = inspect.signature(function).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def returned_cache(out):
-    """The cache a forward returned, under either name (``cache`` or ``past_key_values``)."""
-    cache = out.get("cache") if hasattr(out, "get") else getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-class _Runner:
+class Runner:
     """A causal LM with its KV cache (a transformers ``Cache``; batch 1, or k rows while drafting)."""
 
     def __init__(self, model, role: str):
@@ -258,7 +239,7 @@ class _Runner:
             self.cache.crop(-drop)
 
 
-class _FeatureRunner(_Runner):
+class FeatureRunner(Runner):
     """A feature draft (:class:`otm.decode.feature_draft.FeatureDraft`) with its KV cache.
 
     Each element it reads is a token with the target's feature at the position before it (or,
@@ -281,7 +262,7 @@ class _FeatureRunner(_Runner):
         return self.model.logits(hidden)
 
 
-def _is_feature_draft(model) -> bool:
+def is_feature_draft_model(model) -> bool:
     from .feature_draft import FeatureDraft
 
     return isinstance(model, FeatureDraft)
@@ -299,7 +280,7 @@ def _check_attention(model, role: str) -> None:
 
 def _check_models(target, draft) -> None:
     _check_attention(target, "target")
-    if not _is_feature_draft(draft):
+    if not is_feature_draft_model(draft):
         _check_attention(draft, "draft")
     vt, vd = _vocab_size(target), _vocab_size(draft)
     if vt is not None and vd is not None and vt != vd:
@@ -309,7 +290,7 @@ def _check_models(target, draft) -> None:
         )
     if _device_and_dtype(target)[0] != _device_and_dtype(draft)[0]:
         raise OtmError("target and draft are on different devices: put both models on one device")
-    if _is_feature_draft(draft):
+    if is_feature_draft_model(draft):
         head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
         if head is None or tuple(head.weight.shape) != tuple(draft.head.shape):
             raise OtmError("this feature draft reads another target's features (its head has another shape): "
@@ -408,10 +389,10 @@ class _Decoder:
 
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
                  chance: Chance, law_dtype, method, target_rollback="gather"):
-        self.target = _Runner(target, "target")
+        self.target = Runner(target, "target")
         # a feature draft (EAGLE) reads the target's features: the head inputs of each target pass
-        self.features = draft is not None and _is_feature_draft(draft)
-        runner = _FeatureRunner if self.features else _Runner
+        self.features = draft is not None and is_feature_draft_model(draft)
+        runner = FeatureRunner if self.features else Runner
         self.draft = runner(draft, "draft") if draft is not None else None
         self.pending_feats = None  # feature draft: [n, H] features before each pending draft token; None before the first pass
         self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass

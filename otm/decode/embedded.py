@@ -94,7 +94,7 @@ def _target_gguf() -> Path:
     )
 
 
-def _is_complete_model_dir(path: Path) -> bool:
+def is_complete_model_dir(path: Path) -> bool:
     """True when ``path`` holds a config and at least one weights file."""
     if not (path / "config.json").is_file():
         return False
@@ -111,7 +111,7 @@ def default_target_path() -> Path:
     stderr. Later calls only check the directory and return it.
     """
     dest = cache_dir() / TARGET_CACHE_NAME
-    if _is_complete_model_dir(dest):
+    if is_complete_model_dir(dest):
         return dest
     gguf = _target_gguf()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ def default_target_path() -> Path:
 
 def default_draft_path() -> Path:
     """Directory of the committed draft model (``otm/draft_model/``)."""
-    if not _is_complete_model_dir(DRAFT_DIR):
+    if not is_complete_model_dir(DRAFT_DIR):
         raise OtmError(
             f"the embedded draft is missing from {DRAFT_DIR}: reinstall otm "
             "(or pass a draft model directory)"
@@ -160,7 +160,7 @@ def default_token_draft_path() -> Path:
     default draft when it is itself a plain causal LM."""
     from .feature_draft import is_feature_draft
 
-    if _is_complete_model_dir(TOKEN_DRAFT_DIR):
+    if is_complete_model_dir(TOKEN_DRAFT_DIR):
         return TOKEN_DRAFT_DIR
     path = default_draft_path()
     if is_feature_draft(path):

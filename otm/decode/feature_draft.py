@@ -87,7 +87,7 @@ class FeatureDraft(torch.nn.Module):
         """
         emb = torch.nn.functional.embedding(input_ids, self.embedding)
         z = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
-        from .decoder import cache_keyword, returned_cache
+        from .caches import cache_keyword, returned_cache
 
         extra = {} if attention_mask is None else {"attention_mask": attention_mask}
         out = self.model(inputs_embeds=z, position_ids=position_ids, use_cache=use_cache,

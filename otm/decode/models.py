@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from ..laws import OtmError
-from .embedded import _is_complete_model_dir, default_draft_path, default_target_path
+from .embedded import is_complete_model_dir, default_draft_path, default_target_path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Weight dtypes the CLI accepts; ``auto`` = :func:`auto_dtype`."""
@@ -87,7 +87,7 @@ def resolve_dtype(name, device="cpu"):
     return getattr(torch, name)
 
 
-def _model_dir(path, role: str) -> Path:
+def model_dir(path, role: str) -> Path:
     """Check that ``path`` is a Hugging Face model directory; return it as a Path."""
     p = Path(path).expanduser()
     if not p.exists():
@@ -99,7 +99,7 @@ def _model_dir(path, role: str) -> Path:
             f"{role} model path {str(p)!r} has no config.json: pass a Hugging Face model directory "
             "(saved with save_pretrained)"
         )
-    if not _is_complete_model_dir(p):
+    if not is_complete_model_dir(p):
         raise OtmError(
             f"{role} model path {str(p)!r} has no weights (*.safetensors or *.bin): "
             "pass a complete Hugging Face model directory"
@@ -155,8 +155,8 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu", draft_vocab=
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if dtype is None else resolve_dtype(dtype, device)
-    target_dir = default_target_path() if target is None else _model_dir(target, "target")
-    draft_dir = default_draft_path() if draft is None else _model_dir(draft, "draft")
+    target_dir = default_target_path() if target is None else model_dir(target, "target")
+    draft_dir = default_draft_path() if draft is None else model_dir(draft, "draft")
 
     target_vocab = _config_vocab_size(target_dir, "target")
     draft_vocab_size = _config_vocab_size(draft_dir, "draft")
@@ -210,7 +210,7 @@ def load_draft(path, target_model, *, draft_vocab=None, token_ranking=None):
 
     from .feature_draft import is_feature_draft, load_feature_draft
 
-    path = _model_dir(path, "draft")  # a local directory: otm never reaches the Hugging Face Hub
+    path = model_dir(path, "draft")  # a local directory: otm never reaches the Hugging Face Hub
     embedding = target_model.get_input_embeddings().weight
     if is_feature_draft(path):  # reads the target's features (EAGLE): otm.decode.feature_draft
         return _restricted(load_feature_draft(path, target_model), draft_vocab, token_ranking)

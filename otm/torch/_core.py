@@ -44,22 +44,22 @@ class Verified(NamedTuple):
     accepted: torch.Tensor  # [batch] int64: index into drafts of the matched draft, or NOT_ACCEPTED
 
 
-def _fail(message: str):
+def fail(message: str):
     raise OtmError(message)
 
 
 def check_law_tensor(law, name: str, *, shape=None, device=None) -> None:
     """Shape/dtype/device checks of a ``[batch, V]`` law tensor (no synchronisation)."""
     if not isinstance(law, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor of shape [batch, V], got {type(law).__name__}")
+        fail(f"{name} must be a torch.Tensor of shape [batch, V], got {type(law).__name__}")
     if law.ndim != 2 or law.shape[0] == 0 or law.shape[1] == 0:
-        _fail(f"{name} must have shape [batch, V] with batch, V >= 1, got {tuple(law.shape)}")
+        fail(f"{name} must have shape [batch, V] with batch, V >= 1, got {tuple(law.shape)}")
     if law.dtype not in LAW_DTYPES:
-        _fail(f"{name} must be float16, bfloat16, float32 or float64, got {law.dtype}")
+        fail(f"{name} must be float16, bfloat16, float32 or float64, got {law.dtype}")
     if shape is not None and tuple(law.shape) != tuple(shape):
-        _fail(f"{name} has shape {tuple(law.shape)} but target has {tuple(shape)}: give laws over the same rows and vocabulary")
+        fail(f"{name} has shape {tuple(law.shape)} but target has {tuple(shape)}: give laws over the same rows and vocabulary")
     if device is not None and law.device != device:
-        _fail(f"{name} is on {law.device} but target is on {device}: put all inputs on one device")
+        fail(f"{name} is on {law.device} but target is on {device}: put all inputs on one device")
 
 
 def check_law_values(law: torch.Tensor, name: str) -> None:
@@ -77,16 +77,16 @@ def check_law_values(law: torch.Tensor, name: str) -> None:
     entries = ~torch.isfinite(law) | (law < 0)
     if bool(entries.any()):
         row, col = (int(i) for i in entries.nonzero()[0])
-        _fail(f"{name}[{row}, {col}] = {law[row, col].item():g}: give finite non-negative probabilities")
+        fail(f"{name}[{row}, {col}] = {law[row, col].item():g}: give finite non-negative probabilities")
     row = int(bad.nonzero()[0, 0])
-    _fail(f"{name} row {row} sums to {total[row].item():.9g}, not 1 (tolerance {tol:g} for {law.dtype}): normalise it first")
+    fail(f"{name} row {row} sums to {total[row].item():.9g}, not 1 (tolerance {tol:g} for {law.dtype}): normalise it first")
 
 
 def compute_dtype_for(*tensors, compute_dtype=None) -> torch.dtype:
     if compute_dtype is None:
         return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     if compute_dtype not in COMPUTE_DTYPES:
-        _fail(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")
+        fail(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")
     return compute_dtype
 
 
@@ -99,17 +99,17 @@ def normalised(law: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def check_drafts(drafts, batch: int, device, *, k: int | None = None, name: str = "drafts") -> torch.Tensor:
     """Shape/dtype/device checks of ``drafts [batch, k]``; returns it as int64."""
     if not isinstance(drafts, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor of token ids with shape [batch, k], got {type(drafts).__name__}")
+        fail(f"{name} must be a torch.Tensor of token ids with shape [batch, k], got {type(drafts).__name__}")
     if drafts.ndim != 2 or drafts.shape[1] == 0:
-        _fail(f"{name} must have shape [batch, k] with k >= 1, got {tuple(drafts.shape)}")
+        fail(f"{name} must have shape [batch, k] with k >= 1, got {tuple(drafts.shape)}")
     if drafts.shape[0] != batch:
-        _fail(f"{name} has {drafts.shape[0]} rows but target has {batch}: give one row of drafts per row of target")
+        fail(f"{name} has {drafts.shape[0]} rows but target has {batch}: give one row of drafts per row of target")
     if drafts.dtype.is_floating_point or drafts.dtype == torch.bool or drafts.dtype.is_complex:
-        _fail(f"{name} must hold integer token ids (int64), got {drafts.dtype}")
+        fail(f"{name} must hold integer token ids (int64), got {drafts.dtype}")
     if drafts.device != device:
-        _fail(f"{name} is on {drafts.device} but target is on {device}: put all inputs on one device")
+        fail(f"{name} is on {drafts.device} but target is on {device}: put all inputs on one device")
     if k is not None and drafts.shape[1] != k:
-        _fail(f"this verifier takes exactly {k} drafts per row, got {drafts.shape[1]}")
+        fail(f"this verifier takes exactly {k} drafts per row, got {drafts.shape[1]}")
     return drafts.to(torch.int64)
 
 
@@ -118,7 +118,7 @@ def check_distinct(drafts: torch.Tensor, name: str) -> None:
     if drafts.shape[1] > 1:
         sd = drafts.sort(-1).values
         if bool((sd[:, 1:] == sd[:, :-1]).any()):
-            _fail(f"{name} needs distinct drafts in every row (drawn without replacement)")
+            fail(f"{name} needs distinct drafts in every row (drawn without replacement)")
 
 
 def check_draft_values(drafts: torch.Tensor, draft: torch.Tensor) -> None:
@@ -127,11 +127,11 @@ def check_draft_values(drafts: torch.Tensor, draft: torch.Tensor) -> None:
     out = (drafts < 0) | (drafts >= V)
     if bool(out.any()):
         row, col = (int(i) for i in out.nonzero()[0])
-        _fail(f"draft tokens must lie in 0..{V - 1}, got {int(drafts[row, col])} at drafts[{row}, {col}]")
+        fail(f"draft tokens must lie in 0..{V - 1}, got {int(drafts[row, col])} at drafts[{row}, {col}]")
     zero = draft.gather(1, drafts) == 0
     if bool(zero.any()):
         row, col = (int(i) for i in zero.nonzero()[0])
-        _fail(
+        fail(
             f"draft token {int(drafts[row, col])} (drafts[{row}, {col}]) has zero draft probability: "
             "drafts must be drawn from the draft law"
         )
@@ -142,14 +142,14 @@ def uniforms_for(uniforms, batch: int, n: int, device, generator, validate: bool
     if uniforms is None:
         return torch.rand((batch, n), dtype=DECISION_DTYPE, device=device, generator=generator)  # [batch, n]
     if not isinstance(uniforms, torch.Tensor) or not uniforms.dtype.is_floating_point:
-        _fail(f"{name} must be a floating torch.Tensor of shape [batch, {n}]")
+        fail(f"{name} must be a floating torch.Tensor of shape [batch, {n}]")
     if tuple(uniforms.shape) != (batch, n):
-        _fail(f"{name} must have shape [batch, {n}] = [{batch}, {n}], got {tuple(uniforms.shape)}")
+        fail(f"{name} must have shape [batch, {n}] = [{batch}, {n}], got {tuple(uniforms.shape)}")
     if uniforms.device != device:
-        _fail(f"{name} is on {uniforms.device} but target is on {device}: put all inputs on one device")
+        fail(f"{name} is on {uniforms.device} but target is on {device}: put all inputs on one device")
     u = uniforms.to(DECISION_DTYPE)
     if validate and bool(((u < 0) | (u >= 1) | torch.isnan(u)).any()):
-        _fail(f"{name} must lie in [0, 1)")
+        fail(f"{name} must lie in [0, 1)")
     return u
 
 

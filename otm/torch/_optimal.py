@@ -71,14 +71,14 @@ def _row_steps(p_row: np.ndarray, q_row: np.ndarray, k: int):
     :func:`otm.laws.check_law` does (``law / law.sum()``; the same numbers for a float64 row);
     the normalised copies live only while the row's O(V) work (ratio groups, group sums) runs,
     in the core's cache, and the rule keeps the raw row and its sum (:class:`Scaled`)."""
-    p, pl = _normalised(p_row)
-    q, ql = _normalised(q_row)
+    p, pl = normalised_row(p_row)
+    q, ql = normalised_row(q_row)
     steps = _np_optimal._rule_steps(p, q, k, None, (pl, ql))
     del p, q  # the steps drop them once the O(V) work is done
     return (yield from steps)
 
 
-def _normalised(row: np.ndarray):
+def normalised_row(row: np.ndarray):
     """``(row / total, Scaled(row, total))``: the row divided by its float64 sum, and the same kept lazily."""
     if row.dtype == np.float64:
         total = float(row.sum())

@@ -33,7 +33,7 @@ import torch
 
 from ._core import (
     DECISION_DTYPE,
-    _fail,
+    fail,
     categorical,
     check_law_tensor,
     check_law_values,
@@ -46,14 +46,14 @@ from ._core import (
 def _prepare(draft, k, compute_dtype, validate, *, min_support: int = 1):
     check_law_tensor(draft, "draft")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        _fail(f"k must be a whole number >= 1, got {k!r}")
+        fail(f"k must be a whole number >= 1, got {k!r}")
     if validate:
         check_law_values(draft, "draft")
         if min_support > 1:
             support = (draft > 0).sum(-1)  # [batch]
             if bool((support < min_support).any()):
                 row = int(support.argmin())
-                _fail(
+                fail(
                     f"draft row {row} has {int(support[row])} tokens with positive mass, the scheme needs "
                     f"at least {min_support}: lower k or use the iid scheme"
                 )
@@ -100,7 +100,7 @@ def sample_without_replacement(draft, k: int, *, generator=None, exponentials=No
         e = torch.empty_like(q).exponential_(generator=generator)  # [batch, V]
     else:
         if not isinstance(exponentials, torch.Tensor) or tuple(exponentials.shape) != tuple(q.shape):
-            _fail(f"exponentials must be a tensor of shape {tuple(q.shape)} (one Exp(1) per token)")
+            fail(f"exponentials must be a tensor of shape {tuple(q.shape)} (one Exp(1) per token)")
         e = exponentials.to(device=q.device, dtype=DECISION_DTYPE)
     keys = torch.where(q > 0, e / q, torch.full_like(q, torch.inf))  # [batch, V]: arrival time of each token
     return keys.topk(k, -1, largest=False, sorted=True).indices
@@ -110,11 +110,11 @@ def sample_greedy(draft, k: int, *, generator=None, uniforms=None, compute_dtype
     """Hu et al.'s greedy drafts: top k-1 tokens (ascending ids), then one draw outside them: ``[batch, k]``."""
     q = _prepare(draft, k, compute_dtype, validate)
     if k > q.shape[1]:
-        _fail(f"greedy needs k <= V, got k={k} and V={q.shape[1]}")
+        fail(f"greedy needs k <= V, got k={k} and V={q.shape[1]}")
     fixed = top_tokens(q, k - 1)  # [batch, k-1]
     rest = q.scatter(1, fixed, 0.0)  # [batch, V]
     if validate and bool((rest.sum(-1) <= 0).any()):
-        _fail(f"greedy with k={k} needs positive draft mass outside the top {k - 1} tokens in every row: lower k")
+        fail(f"greedy with k={k} needs positive draft mass outside the top {k - 1} tokens in every row: lower k")
     u = uniforms_for(uniforms, q.shape[0], 1, q.device, generator, validate)  # [batch, 1]
     return torch.cat([fixed, categorical(rest, u)], dim=1)
 
@@ -122,7 +122,7 @@ def sample_greedy(draft, k: int, *, generator=None, uniforms=None, compute_dtype
 def sample_spechub(draft, k: int = 2, *, generator=None, uniforms=None, compute_dtype=None, validate=True) -> torch.Tensor:
     """SpecHub's pair ``(x1, x2)`` per row: ``[batch, 2]`` int64 (``uniforms [batch, 2]``)."""
     if k != 2:
-        _fail(f"the spechub scheme has exactly k=2 drafts, got k={k}")
+        fail(f"the spechub scheme has exactly k=2 drafts, got k={k}")
     q = _prepare(draft, k, compute_dtype, validate, min_support=2)
     u = uniforms_for(uniforms, q.shape[0], 2, q.device, generator, validate)  # [batch, 2]
     hub = q.argmax(-1, keepdim=True)  # [batch, 1]: first maximum
@@ -153,7 +153,7 @@ SAMPLERS = {
 def sample_drafts(scheme: str, draft, k: int, *, generator=None, validate=True) -> torch.Tensor:
     """``drafts [batch, k]`` from the scheme named ``scheme``."""
     if scheme not in SAMPLERS:
-        _fail(f"unknown scheme {scheme!r}: choose one of {', '.join(SAMPLERS)}")
+        fail(f"unknown scheme {scheme!r}: choose one of {', '.join(SAMPLERS)}")
     return SAMPLERS[scheme](draft, k, generator=generator, validate=validate)
 
 

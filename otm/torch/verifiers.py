@@ -42,7 +42,7 @@ from ._core import (
     DECISION_DTYPE,
     NOT_ACCEPTED,
     Verified,
-    _fail,
+    fail,
     accept_test,
     assemble,
     check_distinct,
@@ -140,7 +140,7 @@ def rho_star(
     check_law_tensor(target, "target")
     check_law_tensor(draft, "draft", shape=target.shape, device=target.device)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        _fail(f"k must be a whole number >= 1, got {k!r}")
+        fail(f"k must be a whole number >= 1, got {k!r}")
     if validate:
         check_law_values(target, "target")
         check_law_values(draft, "draft")
@@ -361,12 +361,12 @@ def greedy(target, draft, drafts, *, uniforms=None, generator=None, compute_dtyp
         from .schemes import top_tokens
 
         if k > 1 and not torch.equal(fixed.sort(-1).values, top_tokens(q, k - 1)):
-            _fail(
+            fail(
                 f"greedy drafts must start with the top {k - 1} draft tokens of their row (ties to the lower index): "
                 "draw them with otm.torch.schemes.sample_greedy"
             )
         if bool((q.scatter(1, fixed, 0.0).sum(-1) <= 0).any()):
-            _fail(f"greedy with k={k} needs positive draft mass outside the top {k - 1} tokens in every row: lower k")
+            fail(f"greedy with k={k} needs positive draft mass outside the top {k - 1} tokens in every row: lower k")
     rest = q.scatter(1, fixed, 0.0)  # [batch, V]: q on the tokens outside D
     last = rest / rest.sum(-1, keepdim=True)  # [batch, V]: q'
     tested = accept_test(u[:, k - 1], p.gather(1, x).squeeze(1), last.gather(1, x).squeeze(1))  # [batch]
@@ -406,7 +406,7 @@ def spechub(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     hub_first = (x1 == hub) & (x2 != hub)  # [batch, 1]
     if validate and bool((~hub_first & ~((x2 == hub) & (x1 != hub))).any()):
         row = int((~hub_first & ~((x2 == hub) & (x1 != hub))).nonzero()[0, 0])
-        _fail(
+        fail(
             f"spechub drafts must be (i, hub) or (hub, i) with hub = argmax draft; row {row} has "
             f"({int(x1[row])}, {int(x2[row])}) with hub {int(hub[row])}"
         )

@@ -43,6 +43,14 @@ SAFETY = 1e-14
 """rho* is rounded up by this relative amount so that g(rho) <= 0 holds in floating point."""
 
 
+def guarantee(k):
+    """SpecTr's guarantee for K-SEQ, :math:`1 - (1 - 1/k)^k` of the optimum (1 at k = 1, decreasing to
+    1 - 1/e); a float for a number, an array for an array."""
+    kk = np.asarray(k, dtype=float)
+    out = 1.0 - (1.0 - 1.0 / kk) ** kk
+    return float(out) if out.ndim == 0 else out
+
+
 def beta(target: np.ndarray, draft: np.ndarray, rho: float) -> float:
     r""":math:`\beta(\rho) = \sum_x \min(q(x), p(x)/\rho)`."""
     return float(np.minimum(draft, target / rho).sum())

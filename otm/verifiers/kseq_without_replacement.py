@@ -112,7 +112,7 @@ from ..laws import OtmError, check_k, check_law
 from . import kseq
 from .base import Outcome, check_inputs, draw_and_name, inverse_cdf_draw, require_scheme, residual_law
 from .optimal import OptimalBound
-from .optimal_embedded import _avail, _distinct, _rest
+from .embedding import mass_outside, require_distinct, unseen_mass
 
 S0 = 1e-8
 """Lower end of the quadrature; the part below it is taken in closed form (error <= S0^(k+1)/(k+1)!)."""
@@ -322,7 +322,7 @@ def _given(rl: Rule, d: np.ndarray, rest: float) -> tuple[np.ndarray, float]:
     """``(acc, reject)``: exact P(accept draft s_j | S) for j = 1..k, and P(all rejected | S)."""
     q_s = rl.draft[d]
     b = _rates(rl.target[d], q_s, rl.rho)[0]  # min(q, p/rho) at the drafts
-    avail = _avail(q_s, rest)  # avail[m] = 1 - q(A_m), m = 0..k-1
+    avail = unseen_mass(q_s, rest)  # avail[m] = 1 - q(A_m), m = 0..k-1
     k = d.size
     acc = np.zeros(k)
     surv = 1.0
@@ -350,7 +350,7 @@ def _law(rl: Rule, d: np.ndarray, rest: float) -> np.ndarray:
 def _sample(rl: Rule, d: np.ndarray, rest: float, rng: np.random.Generator) -> Outcome:
     q_s = rl.draft[d]
     b = _rates(rl.target[d], q_s, rl.rho)[0]
-    avail = _avail(q_s, rest)
+    avail = unseen_mass(q_s, rest)
     k = d.size
     for m in range(k):
         if rng.random() * q_s[m] < b[m]:  # u q < min(q, p/rho): never true where p = 0
@@ -366,20 +366,20 @@ def _sample(rl: Rule, d: np.ndarray, rest: float, rng: np.random.Generator) -> O
 
 def _inputs(target, draft, drafts):
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "kseq_without_replacement")
     return target, draft, d
 
 
 def law(target, draft, drafts) -> np.ndarray:
     """Exact output law given the k = len(drafts) ordered distinct drafts."""
     target, draft, d = _inputs(target, draft, drafts)
-    return _law(_build(target, draft, d.size), d, _rest(draft, d))
+    return _law(_build(target, draft, d.size), d, mass_outside(draft, d))
 
 
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     """One verification of the ordered distinct drafts."""
     target, draft, d = _inputs(target, draft, drafts)
-    return _sample(_build(target, draft, d.size), d, _rest(draft, d), rng)
+    return _sample(_build(target, draft, d.size), d, mass_outside(draft, d), rng)
 
 
 def acceptance(target, draft, k: int) -> float:
@@ -392,7 +392,7 @@ def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
     """``(loop, membership)`` acceptance given the ordered drafts, exact."""
     target, draft, d = _inputs(target, draft, drafts)
     rl = _build(target, draft, d.size)
-    acc, reject = _given(rl, d, _rest(draft, d))
+    acc, reject = _given(rl, d, mass_outside(draft, d))
     r = rl.residual()
     tot = float(r.sum())
     loop = float(acc.sum())
@@ -420,16 +420,16 @@ def bind(target, scheme) -> KseqWorBound:
 
     def _check(drafts):
         t, _, d = check_inputs(target, draft, drafts, k)
-        _distinct(d)
+        require_distinct(d, "kseq_without_replacement")
         return d
 
     def _law_b(drafts):
         d = _check(drafts)
-        return _law(rl, d, _rest(draft, d))
+        return _law(rl, d, mass_outside(draft, d))
 
     def _sample_b(drafts, rng):
         d = _check(drafts)
-        return _sample(rl, d, _rest(draft, d), rng)
+        return _sample(rl, d, mass_outside(draft, d), rng)
 
     alpha = optimal_acceptance_of(scheme, target).value
     return KseqWorBound(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None, rule=rl)

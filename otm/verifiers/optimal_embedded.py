@@ -96,6 +96,7 @@ import numpy as np
 
 from ..laws import OtmError, check_k, check_law, inverse_cdf
 from . import optimal
+from .embedding import mass_outside, require_distinct, unseen_mass
 from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound
 
@@ -128,11 +129,6 @@ def walk_paths(k: int) -> np.ndarray:
     return paths
 
 
-def _avail(q_s: np.ndarray, rest: float) -> np.ndarray:
-    """``[k]`` mass not yet seen after m drafts, ``1 - q(A_m) = rest + q(s_{m+1}..s_k)`` (m = 0..k-1)."""
-    return rest + np.cumsum(q_s[::-1])[::-1]
-
-
 def walk_weights(q_s: np.ndarray, rest: float) -> np.ndarray:
     """``[Bell(k)]`` probability of each path of :func:`walk_paths` given the ordered drafts.
 
@@ -142,7 +138,7 @@ def walk_weights(q_s: np.ndarray, rest: float) -> np.ndarray:
     """
     k = q_s.size
     paths = walk_paths(k)
-    avail = _avail(q_s, rest)
+    avail = unseen_mass(q_s, rest)
     seen = np.maximum.accumulate(paths, axis=1)  # [R, k] largest index seen up to i
     m = seen[:, :-1] + 1  # drafts seen before step i (i = 1..k-1)
     new = paths[:, 1:] == m
@@ -156,7 +152,7 @@ def walk(q_s: np.ndarray, rest: float, u: np.ndarray) -> np.ndarray:
     """``[k]`` one walk path (indices into S) from ``k - 1`` uniforms ``u``: the sampler's twin of
     :func:`walk_weights` (same transition probabilities, inverse CDF over ``(s_1..s_m, new)``)."""
     k = q_s.size
-    avail = _avail(q_s, rest)
+    avail = unseen_mass(q_s, rest)
     cq = np.cumsum(q_s)
     out = np.zeros(k, dtype=np.int64)
     m = 1
@@ -166,21 +162,6 @@ def walk(q_s: np.ndarray, rest: float, u: np.ndarray) -> np.ndarray:
         out[i] = j
         m += j == m
     return out
-
-
-def _rest(draft: np.ndarray, d: np.ndarray) -> float:
-    """Draft mass outside the drafts, without cancellation when little is left."""
-    rest = float(draft.sum() - draft[d].sum())
-    if rest < 1e-3:
-        w = draft.copy()
-        w[d] = 0.0
-        rest = float(w.sum())
-    return max(rest, 0.0)
-
-
-def _distinct(d: np.ndarray) -> None:
-    if np.unique(d).size != d.size:
-        raise OtmError("optimal_embedded needs distinct drafts (drawn without replacement)")
 
 
 def _race_selection(theta, key1, key2, paths):
@@ -205,7 +186,7 @@ def _selection_given(rl: optimal.Rule, draft: np.ndarray, d: np.ndarray, rest: f
     """``(sel, x_s)``: exact P(selected = s_j | S) over the k drafts, and the iid rule's x at them."""
     theta, key1, key2, x_s = rl.at(d)
     q_s = draft[d]
-    w = walk_weights(q_s, _rest(draft, d) if rest is None else rest)
+    w = walk_weights(q_s, mass_outside(draft, d) if rest is None else rest)
     paths = walk_paths(d.size)
     per = _race_selection(theta, key1, key2, paths)  # [R, k]
     sel = np.bincount(paths.ravel(), weights=(w[:, None] * per).ravel(), minlength=d.size)
@@ -231,7 +212,7 @@ def _law(rl: optimal.Rule, target, draft, d) -> np.ndarray:
 
 def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: float | None = None) -> Outcome:
     q_s = draft[d]
-    path = walk(q_s, _rest(draft, d) if rest is None else rest, rng.random(d.size - 1))
+    path = walk(q_s, mass_outside(draft, d) if rest is None else rest, rng.random(d.size - 1))
     theta, key1, key2, x_s = rl.at(d)
     u = rng.random(d.size)
     keys = np.where(u < theta[path], key1[path], key2[path])
@@ -246,10 +227,10 @@ def sample_rows(rl: optimal.Rule, target, draft, d: np.ndarray, u: np.ndarray) -
     row by row, vectorised over the rows (otm.torch.optimal_embedded on the host)."""
     n, k = d.shape
     q_s = draft[d]  # [n, k]
-    rest = float(draft.sum()) - q_s.sum(axis=1)  # _rest, row by row (the same sums)
+    rest = float(draft.sum()) - q_s.sum(axis=1)  # mass_outside, row by row (the same sums)
     for r in np.flatnonzero(rest < 1e-3):
-        rest[r] = _rest(draft, d[r])
-    avail = rest[:, None] + np.cumsum(q_s[:, ::-1], axis=1)[:, ::-1]  # _avail, row by row
+        rest[r] = mass_outside(draft, d[r])
+    avail = rest[:, None] + np.cumsum(q_s[:, ::-1], axis=1)[:, ::-1]  # unseen_mass, row by row
     cq = np.cumsum(q_s, axis=1)
     path = np.zeros((n, k), dtype=np.int64)
     m = np.ones(n, dtype=np.int64)
@@ -289,7 +270,7 @@ def rule(target, draft, k: int) -> optimal.Rule:
 def law(target, draft, drafts) -> np.ndarray:
     """Exact output law given the k = len(drafts) ordered distinct drafts (Bell(k) walk paths)."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "optimal_embedded")
     _check_k(d)
     return _law(optimal._rule(target, draft, d.size), target, draft, d)
 
@@ -298,7 +279,7 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     """One verification: the walk (k - 1 uniforms), the iid rule's race (k), SD accept (one),
     residual draw if rejected. ``Outcome.accepted`` indexes ``drafts``."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "optimal_embedded")
     return _sample(optimal._rule(target, draft, d.size), target, draft, d, rng)
 
 
@@ -314,7 +295,7 @@ def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
     """``(selection, membership)`` acceptance given the ordered drafts, exact: P(the selected draft is
     accepted | S) and P(output in S | S)."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "optimal_embedded")
     _check_k(d)
     return _conditional(optimal._rule(target, draft, d.size), target, draft, d)
 
@@ -403,7 +384,7 @@ def bind(target, scheme) -> EmbeddedBound:
 
     def _check(drafts):
         t, _, d = check_inputs(target, draft, drafts, k)
-        _distinct(d)
+        require_distinct(d, "optimal_embedded")
         return t, d
 
     def _law_b(drafts):
