@@ -360,11 +360,14 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
     import torch
     import transformers
 
+    from ..machine import machine
+
     def size(m):
         return sum(p.numel() for p in m.parameters())
 
     return [
-        f"machine: {platform.platform()}; {platform.machine()}; {os.cpu_count()} CPUs; python {platform.python_version()}",
+        machine().line("eager (no compilation)"),
+        f"platform: {platform.platform()}; python {platform.python_version()}",
         f"torch {torch.__version__} ({torch.get_num_threads()} threads); transformers {transformers.__version__}; "
         f"device {device}; dtype {dtype}",
         f"target {type(target).__name__} {size(target):,} parameters; draft {type(draft).__name__} "
