@@ -52,6 +52,7 @@ synchronise), and as torch tensors on other devices with convergence checked
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -66,7 +67,16 @@ RHO_RTOL = 4 * float(np.finfo(np.float64).eps)
 RHO_MAX_ITERATIONS = 100
 """Cap on Brent's steps (typically 5 to 9 are needed)."""
 RHO_SYNC_EVERY = 4
-"""Off the CPU, convergence is checked (a device sync) every this many steps."""
+"""Off the CPU, with ``SYNC_FREE`` off, convergence is checked (a device sync) every this many steps."""
+SYNC_FREE = True
+"""Off the CPU, run :data:`RHO_DEVICE_STEPS` steps and never read a value back (no device sync: the
+search can be captured in a CUDA graph or compiled with ``fullgraph=True``)."""
+RHO_DEVICE_STEPS = 64
+"""Steps of the sync-free search: bisection alone shrinks [1, k <= 8] below the tolerance in 53, Brent's
+interpolation in 6-9 on LLM-like rows; a converged row re-evaluates its point, and a row the cap stops
+early still returns a valid rho (the smallest point with g <= 0 it evaluated)."""
+FORCE_DEVICE_PATH = False
+"""Tests only: run the device path (``_Torch``, sync-free when :data:`SYNC_FREE`) on the CPU too."""
 DROP_FRACTION = 0.25
 """On the CPU, rows that ``search``'s ``stop`` reports done are dropped once they are at least this
 fraction of the rows searched (each drop copies the remaining rows of ``p, q``)."""
@@ -226,6 +236,7 @@ class _Torch:
 
     def __init__(self, batch, device):
         self.batch, self.device = batch, device
+        self.sync_every = None if SYNC_FREE else RHO_SYNC_EVERY  # None: never
 
     @staticmethod
     def div(x, y):
@@ -251,9 +262,21 @@ class _Torch:
         return tuple(torch.as_tensor(v, dtype=torch.float64, device=device).expand(self.batch) for v in values)
 
 
+def _quiet(xp):
+    """numpy's warnings off for the discarded branches of ``where`` (torch has none to silence, and
+    ``np.errstate`` would break a ``torch.compile`` graph)."""
+    return contextlib.nullcontext() if isinstance(xp, _Torch) else np.errstate(divide="ignore", invalid="ignore",
+                                                                                over="ignore")
+
+
+def on_host(device) -> bool:
+    """Whether the host paths run (the CPU, where reading a value back costs nothing)."""
+    return device.type == "cpu" and not FORCE_DEVICE_PATH
+
+
 def _backend(p: torch.Tensor):
     batch = p.shape[0]
-    if p.device.type != "cpu":
+    if not on_host(p.device):
         return _Torch(batch, p.device)
     return _Scalar() if batch == 1 else _Numpy(batch)
 
@@ -287,7 +310,7 @@ def _finish(xp, sums: Sums, rho, k: int, mode: str, device, small=None) -> Rho:
         beta, s = (xp.host(t) for t in sums.both(xp.tensor(rho, device)))
     if small is None:
         small = beta < BETA_FORM_BELOW
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with _quiet(xp):
         deficit = xp.where(small, -from_beta(rho, beta), -from_excess(rho, s))  # -g(rho)
         positive = beta > 0
         coef = xp.where(positive, xp.div(xp.p_acc(beta, k), beta), 0.0)
@@ -339,7 +362,7 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
         b, s = (xp.host(t) for t in sums.both(xp.tensor(x, device)))
         return xp.where(small, from_beta(x, b), from_excess(x, s))
 
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # discarded branches may hold nan
+    with _quiet(xp):  # discarded branches may hold nan
         # Brent's method as scipy's brentq (zeros/brentq.c), one step for all rows at a time
         xpre, xcur = xp.full(1.0), xp.full(float(k))
         fpre = xp.where(small, from_beta(xpre, beta1), s1 - s1**k)  # g(1); the excess form: 1 - 1/1 = 0
@@ -347,7 +370,8 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
         at_one, at_top = (beta1 <= 0) | (fpre <= 0), fcur > 0  # rho = 1 (disjoint: g = 0) / rho = k
         fixed = at_one | at_top
         xblk, fblk, spre, scur = xpre, fpre, xcur - xpre, xcur - xpre
-        for step in range(max_iterations):
+        steps = max_iterations if xp.sync_every is not None else min(max_iterations, RHO_DEVICE_STEPS)
+        for step in range(steps):
             flip = (fpre != 0) & (fcur != 0) & ((fpre < 0) != (fcur < 0))  # xpre is the new contrapoint
             xblk, fblk = xp.where(flip, xpre, xblk), xp.where(flip, fpre, fblk)
             spre, scur = xp.where(flip, xcur - xpre, spre), xp.where(flip, xcur - xpre, scur)
@@ -357,7 +381,7 @@ def search(p: torch.Tensor, q: torch.Tensor, k: int, max_iterations: int = RHO_M
             delta = 0.5 * (RHO_XTOL + RHO_RTOL * xp.abs(xcur))
             sbis = 0.5 * (xblk - xcur)
             converged = fixed | (fcur == 0) | (xp.abs(sbis) < delta)
-            if step % xp.sync_every == 0 and xp.all(converged):
+            if xp.sync_every is not None and step % xp.sync_every == 0 and xp.all(converged):
                 break
             if stop is not None:
                 # the root lies between the end with g > 0 and the end with g <= 0; the result will be

@@ -240,7 +240,7 @@ def kseq(
     if rho is None:
         # on the CPU (no device to synchronise with) the search stops for a row as soon as a bracket of
         # rho* settles its first acceptance: the same outcome, without the last steps and the residual
-        settle = _FirstAcceptance(p, q, d, u, k) if p.device.type == "cpu" else None
+        settle = _FirstAcceptance(p, q, d, u, k) if _rho.on_host(p.device) else None
         found = _rho.search(p64, q64, k, stop=settle)
         if found is None:
             index = torch.from_numpy(settle.index).to(d.device)  # [batch]
@@ -257,7 +257,7 @@ def kseq(
     accept = accept_test(u_a[:, :k], _gather(p, d_a), rho.unsqueeze(1) * _gather(q, d_a).to(DECISION_DTYPE))  # [rows, k]
     any_, index, token = first_accepted(accept, d_a)  # [rows] each
     y = token.clone()
-    if p.device.type == "cpu" and p.shape[0] > 1:  # the residual of the rows that reject every draft only
+    if _rho.on_host(p.device) and p.shape[0] > 1:  # the residual of the rows that reject every draft only
         rej = torch.nonzero(~any_).squeeze(1)  # [rejected]
         p_r, q_r, c_r, eps_r, u_r = p[rej], q[rej], c[rej], eps[rej], u_a[rej, k]
     else:

@@ -1,0 +1,117 @@
+"""The torch verifiers' device path reads nothing back from the device (issue 30, item 1).
+
+A value read back to the host (``.item()``, ``bool(tensor)``, ``nonzero``, a copy to numpy) is a device sync:
+it stalls a GPU stream, and it breaks a CUDA graph or a ``torch.compile(fullgraph=True)`` graph. On the CPU
+(``otm.torch._rho.FORCE_DEVICE_PATH``) the device path of each level-by-level verifier
+
+* runs on meta tensors (shapes only: any read of a value raises), given its uniforms and ``validate=False``;
+* traces into one graph with ``torch.compile(fullgraph=True)`` (dynamo only: ``backend="eager"``), with the
+  tokens of the uncompiled call;
+* for ``kseq``, whose host path stops each row's search for rho* early and builds the residual of the
+  rejecting rows only, gives the host path's tokens and indices on the same uniforms.
+
+A verifier with a planted ``.item()`` fails the first two checks (the negative control). ``optimal``,
+``kseq_without_replacement`` and ``optimal_embedded`` set each row up in numpy on the host (docs/torch_verifiers.md,
+"Device syncs"); they are not run here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import otm.torch as ot
+from otm.torch import _rho
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+SYNC_FREE = {  # verifier: (draft sampler, k, uniform columns)
+    "speculative": ("sample_iid", 1, 2),
+    "kseq": ("sample_iid", 3, 4),
+    "rrs": ("sample_iid", 3, 4),
+    "rrs_without_replacement": ("sample_without_replacement", 3, 4),
+    "greedy": ("sample_greedy", 3, 4),
+    "spechub": ("sample_spechub", 2, 3),
+}
+HOST_SET_UP = {"optimal", "kseq_without_replacement", "optimal_embedded"}
+
+
+def test_every_verifier_is_sorted_into_one_of_the_two_lists():
+    assert set(SYNC_FREE) | HOST_SET_UP == set(ot.VERIFIERS) and not set(SYNC_FREE) & HOST_SET_UP
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    monkeypatch.setattr(_rho, "FORCE_DEVICE_PATH", True)
+
+
+def _planted_item(target, draft, drafts, *, uniforms=None, generator=None, validate=True):
+    """kseq with a realistic sync planted: a per-call scalar read back (``rho`` as a Python float)."""
+    rho = float(ot.rho_star(target, draft, drafts.shape[1], validate=False).max().item())
+    return ot.kseq(target, draft, drafts, uniforms=uniforms, rho=rho, validate=False)
+
+
+def _case(name, batch=8, V=20, seed=0):
+    sampler, k, width = SYNC_FREE[name]
+    g = torch.Generator().manual_seed(seed)
+    dirichlet = torch.distributions.Dirichlet(torch.full((V,), 0.5, dtype=torch.float64))
+    torch.manual_seed(seed)
+    p, q = dirichlet.sample((batch,)), dirichlet.sample((batch,))
+    d = getattr(ot, sampler)(q, k, generator=g)
+    u = torch.rand(batch, width, generator=g, dtype=torch.float64)
+    return p, q, d, u
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_FREE))
+def test_device_path_runs_on_meta_tensors(name, device_path):
+    _, k, width = SYNC_FREE[name]
+    laws = torch.empty(4, 11, device="meta", dtype=torch.float32)
+    drafts = torch.empty(4, k, device="meta", dtype=torch.int64)
+    u = torch.empty(4, width, device="meta", dtype=torch.float64)
+    out = ot.VERIFIERS[name](laws, laws, drafts, uniforms=u, validate=False)
+    assert out.token.device.type == "meta" and tuple(out.token.shape) == (4,) and out.token.dtype == torch.int64
+    assert tuple(out.accepted.shape) == (4,)
+
+
+def test_a_planted_sync_fails_on_meta_tensors(device_path):
+    laws = torch.empty(4, 11, device="meta", dtype=torch.float32)
+    drafts = torch.empty(4, 3, device="meta", dtype=torch.int64)
+    u = torch.empty(4, 4, device="meta", dtype=torch.float64)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        _planted_item(laws, laws, drafts, uniforms=u)
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_FREE))
+def test_device_path_compiles_into_one_graph(name, device_path):
+    p, q, d, u = _case(name)
+    fn = ot.VERIFIERS[name]
+    want = fn(p, q, d, uniforms=u, validate=False)
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True, backend="eager")(p, q, d, uniforms=u, validate=False)
+    assert torch.equal(got.token, want.token) and torch.equal(got.accepted, want.accepted)
+
+
+def test_a_planted_sync_breaks_the_graph(device_path):
+    p, q, d, u = _case("kseq")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="(?i)graph break|item|unsupported"):
+        torch.compile(_planted_item, fullgraph=True, backend="eager")(p, q, d, uniforms=u)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_kseq_device_path_gives_the_host_paths_tokens(k, monkeypatch):
+    """300 rows (50 with target = draft), the same uniforms: the host path (early stops, residual of the
+    rejecting rows only) and the sync-free device path (64 Brent steps, every row's residual) agree token by
+    token and index by index; their rho* agree to 1e-14."""
+    g = torch.Generator().manual_seed(k)
+    torch.manual_seed(k)
+    dirichlet = torch.distributions.Dirichlet(torch.full((50,), 0.3, dtype=torch.float64))
+    p, q = dirichlet.sample((300,)), dirichlet.sample((300,))
+    p[:50] = q[:50]
+    d = ot.sample_iid(q, k, generator=g)
+    u = torch.rand(300, k + 1, generator=g, dtype=torch.float64)
+    host, rho_host = ot.kseq(p, q, d, uniforms=u), ot.rho_star(p, q, k)
+    monkeypatch.setattr(_rho, "FORCE_DEVICE_PATH", True)
+    dev, rho_dev = ot.kseq(p, q, d, uniforms=u), ot.rho_star(p, q, k)
+    assert torch.equal(host.token, dev.token) and torch.equal(host.accepted, dev.accepted)
+    assert float(((rho_host - rho_dev).abs() / rho_host).max()) < 1e-14
