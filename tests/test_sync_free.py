@@ -115,3 +115,47 @@ def test_kseq_device_path_gives_the_host_paths_tokens(k, monkeypatch):
     dev, rho_dev = ot.kseq(p, q, d, uniforms=u), ot.rho_star(p, q, k)
     assert torch.equal(host.token, dev.token) and torch.equal(host.accepted, dev.accepted)
     assert float(((rho_host - rho_dev).abs() / rho_host).max()) < 1e-14
+
+
+# -- the decoder's host reads per step, by phase (otm.decode.host_reads) -----------------------------------
+
+
+def _toy_pair():
+    from otm.decode.toy import ToyLM
+
+    return ToyLM(5, seed=1), ToyLM(5, seed=2)
+
+
+def test_decoder_counts_its_host_reads_by_phase():
+    from otm.decode import autoregressive_decode, speculative_decode
+
+    target, draft = _toy_pair()
+    s = speculative_decode(target, draft, [0, 1], k=3, length=2, max_new_tokens=12, seed=0, count_host_reads=True).stats
+    assert s.steps > 0 and {"draft", "target", "verify"} <= set(s.host_reads) and all(v > 0 for v in s.host_reads.values())
+    plain = speculative_decode(target, draft, [0, 1], k=3, length=2, max_new_tokens=12, seed=0).stats
+    assert plain.host_reads == {}  # nothing counted unless asked
+    ar = autoregressive_decode(target, [0, 1], max_new_tokens=12, seed=0, count_host_reads=True).stats
+    assert "draft" not in ar.host_reads and ar.host_reads["target"] > 0
+
+
+def test_a_planted_read_in_the_walk_is_counted_in_verify(monkeypatch):
+    """Negative control: one extra ``.item()`` per walk adds exactly one verify read per step, and nothing
+    to the other phases."""
+    from otm.decode import speculative_decode
+    from otm.decode import tree_rules
+
+    target, draft = _toy_pair()
+    run = dict(k=3, length=2, verifier="traversal", max_new_tokens=12, seed=0, count_host_reads=True)
+    base = speculative_decode(target, draft, [0, 1], **run).stats
+    walk = tree_rules.Traversal.walk
+
+    def walk_with_a_read(self, dec, tree, drafts, target_laws):
+        _ = target_laws[0, 0].item()  # the planted sync
+        return walk(self, dec, tree, drafts, target_laws)
+
+    monkeypatch.setattr(tree_rules.Traversal, "walk", walk_with_a_read)
+    planted = speculative_decode(target, draft, [0, 1], **run).stats
+    assert planted.steps == base.steps
+    assert planted.host_reads["verify"] == base.host_reads["verify"] + base.steps
+    assert {p: c for p, c in planted.host_reads.items() if p != "verify"} == \
+        {p: c for p, c in base.host_reads.items() if p != "verify"}

@@ -172,7 +172,7 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
-def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft):
+def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft, *, count_host_reads=False):
     """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None);
     ``hf_draft`` is the draft of the hf assisted row."""
     from .decoder import autoregressive_decode, speculative_decode
@@ -182,10 +182,12 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
     if c.kind == "hf_generate":
         return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
-        g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
+        g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
+                                  count_host_reads=count_host_reads)
     else:
         g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier, scheme=c.scheme,
-                               sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed)
+                               sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
+                               count_host_reads=count_host_reads)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
 
@@ -455,7 +457,32 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         out(line)
     out("")
     out(format_table(rows, costs))
+    out("")
+    for line in host_read_lines(rows, target, draft, prompts[0], sampling, eos, seed):
+        out(line)
     return rows
+
+
+HOST_READ_TOKENS = 16
+"""Tokens of the separate, counted run of each of otm's contenders (counting slows every torch call)."""
+
+
+def host_read_lines(rows, target, draft, ids, sampling, eos, seed) -> list[str]:
+    """Host reads per step of otm's contenders, by phase (:mod:`otm.decode.host_reads`): on a GPU each is a
+    device sync. Counted on a separate run of :data:`HOST_READ_TOKENS` tokens of ``ids``."""
+    from .host_reads import PHASES
+
+    lines = [f"host reads per step (tensor values read back: a device sync each on a GPU; counted on a separate "
+             f"{HOST_READ_TOKENS}-token run of the first prompt), by phase {' / '.join(PHASES[:4])}:"]
+    for row in rows:
+        c = row.contender
+        if c.kind not in ("autoregressive", "speculative"):
+            continue
+        s = _run(c, target, draft, ids, sampling, HOST_READ_TOKENS, eos, seed, None, count_host_reads=True)[-1]
+        per = [s.host_reads.get(ph, 0) / s.steps for ph in PHASES[:4]]
+        lines.append(f"  {c.name}: {' / '.join(f'{x:.1f}' for x in per)} ({sum(per):.1f} in all; "
+                     f"{s.host_reads.get('other', 0) / s.steps:.1f} more between steps)")
+    return lines
 
 
 def best_speculative(rows: list[Row]) -> Row | None:

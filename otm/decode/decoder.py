@@ -106,6 +106,7 @@ class DecodeStats:
     draft_calls: int = 0
     verified_by_depth: list[int] = field(default_factory=list)
     accepted_by_depth: list[int] = field(default_factory=list)
+    host_reads: dict = field(default_factory=dict)  # phase -> reads of tensor values (count_host_reads=True)
     wall_seconds: float = 0.0
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -409,6 +410,12 @@ class _Decoder:
         self.stats = DecodeStats(
             method=method, prompt_tokens=len(prompt), verified_by_depth=[0] * length, accepted_by_depth=[0] * length
         )
+        self.reads = None  # an otm.decode.host_reads.HostReads while counting (count_host_reads=True)
+
+    def phase(self, name: str) -> None:
+        """The part of the step now running, for the host-read count (nothing when not counting)."""
+        if self.reads is not None:
+            self.reads.phase = name
 
     def laws(self, logits: torch.Tensor, role: str) -> torch.Tensor:
         """Processed laws of ``logits [n, V]`` from the ``role`` model ("target" or "draft"), checked first:
@@ -541,17 +548,21 @@ class _Decoder:
             L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
         root = self.pending_target[-1]
         t0 = time.perf_counter()
+        self.phase("draft")
         if L >= 1:
             drafts = self.draft_rows(L)
             tree = DraftTree.from_rows(drafts.rows, root)
         else:
             drafts, tree = None, DraftTree.root_only(root)
         t1 = time.perf_counter()
+        self.phase("target")
         past = self.target.length()
         target_laws = self.score(tree)  # [N, V]
         t2 = time.perf_counter()
+        self.phase("verify")
         emitted, path = self.walk(tree, drafts, target_laws)
         t3 = time.perf_counter()
+        self.phase("rollback")
         # 5. rollback. Target: keep the committed context and the accepted path, or refeed it.
         self.rollback_target(past + len(self.pending_target), emitted, path)
         accepted = len(path)  # tokens of the accepted path
@@ -583,17 +594,23 @@ class _Decoder:
         self.stats.target_seconds += t2 - t1
         self.stats.verify_seconds += t3 - t2
         self.stats.steps += 1
+        self.phase("other")
         return emitted
 
-    def run(self, on_tokens) -> Generation:
+    def run(self, on_tokens, count_host_reads: bool = False) -> Generation:
         out: list[int] = []
         start = time.perf_counter()
         stopped = "max_new_tokens"
+        if count_host_reads:
+            from .host_reads import HostReads
+
+            self.reads = HostReads()
+        counting = self.reads if self.reads is not None else contextlib.nullcontext()
         hook = contextlib.nullcontext()
         if self.features:  # the target's features are its head's inputs (a torch hook handle removes itself on exit)
             head = self.target.model.get_output_embeddings()
             hook = head.register_forward_hook(lambda _m, inputs, _o: self.captured.append(inputs[0]))
-        with torch.inference_mode(), hook:
+        with torch.inference_mode(), hook, counting:
             while len(out) < self.max_new:
                 new = self.step(self.max_new - len(out))[: self.max_new - len(out)]
                 hit = next((i for i, t in enumerate(new) if t in self.eos), None)
@@ -611,6 +628,8 @@ class _Decoder:
         s.target_calls = self.target.calls
         s.draft_calls = self.draft.calls if self.draft is not None else 0
         s.stopped = stopped
+        if self.reads is not None:
+            s.host_reads = dict(self.reads.counts)
         return Generation(out, s)
 
 
@@ -657,6 +676,7 @@ def speculative_decode(
     target_rollback: str = "gather",
     on_tokens: Callable[[list[int]], None] | None = None,
     chance: Chance | None = None,
+    count_host_reads: bool = False,
 ) -> Generation:
     """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
 
@@ -690,6 +710,8 @@ def speculative_decode(
     chance : the door of every random choice (:mod:`otm.decode.chance`); default
         ``Sampled(generator or seed, validate)``. :func:`otm.decode.exact_mode.exact_decode` passes an
         ``Enumerated`` door to enumerate the runs of this very code.
+    count_host_reads : count the reads of tensor values back to the host (a device sync each on a GPU) by
+        the phase of the step, into ``stats.host_reads`` (:mod:`otm.decode.host_reads`; slows the run).
 
     Returns
     -------
@@ -711,7 +733,7 @@ def speculative_decode(
         law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}",
         target_rollback=target_rollback,
     )
-    return decoder.run(on_tokens)
+    return decoder.run(on_tokens, count_host_reads)
 
 
 def autoregressive_decode(
@@ -726,6 +748,7 @@ def autoregressive_decode(
     law_dtype: torch.dtype = torch.float64,
     on_tokens: Callable[[list[int]], None] | None = None,
     chance: Chance | None = None,
+    count_host_reads: bool = False,
 ) -> Generation:
     """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
 
@@ -741,4 +764,4 @@ def autoregressive_decode(
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, True),
         law_dtype=law_dtype, method="autoregressive",
     )
-    return decoder.run(on_tokens)
+    return decoder.run(on_tokens, count_host_reads)
