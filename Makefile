@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-explore test-models bench-lp bench-closed-form bench-verify check-versions venv clean
+.PHONY: demo test test-slow test-explore gpu-check test-models bench-lp bench-closed-form bench-verify check-versions venv clean
 
 venv: $(STAMP)
 
@@ -56,3 +56,8 @@ clean:
 # the ends of the supported dependency ranges, each in a fresh venv (docs/architecture.md; ~15 min)
 check-versions:
 	.ci/check_versions
+
+# the prepared device check, on a GPU machine's own python, torch and transformers (no venv, no network):
+# laws on the device, microseconds per call, the decoder on a random-weight 1.2B Llama (docs/testing.md)
+gpu-check:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 $(PYTHON) analysis/gpu_check.py --out docs/results/gpu_check
