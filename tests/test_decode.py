@@ -554,3 +554,33 @@ def test_models_whose_attention_cannot_take_the_tree_mask_are_refused():
         with pytest.raises(OtmError) as err:
             speculative_decode(target, draft, [1, 2], k=2, length=2, seed=0, max_new_tokens=3)
         assert f"the {role} model uses flash_attention_2" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_target_spread_over_cpu_and_disk_gives_the_same_tokens(tmp_path, capsys):
+    """``device_map="auto"`` with a ``max_memory`` too small for the target: accelerate puts some of its layers
+    on disk (meta on the model, loaded at each forward); the decoder gives the very tokens of the unsplit
+    target for the same seed. The CLI takes the same through --device-map / --max-memory / --offload-folder."""
+    from otm.cli import main
+    from otm.decode.models import load_pair, parse_max_memory
+
+    target, draft = _save_pair(tmp_path)
+    whole, d, tok = load_pair(target, draft, dtype="float32")
+    split, d2, _ = load_pair(target, draft, dtype="float32", device_map="auto", max_memory={"cpu": "12KB"},
+                             offload_folder=tmp_path / "offload")
+    offloaded = [n for n, p in split.named_parameters() if p.device.type == "meta"]
+    assert offloaded and len(offloaded) < len(list(split.parameters()))  # spread: some on disk, some on the CPU
+    for kw in (dict(k=3, length=2, verifier="kseq"), dict(k=2, length=2, verifier="traversal")):
+        a = speculative_decode(whole, d, [2, 3, 4], max_new_tokens=12, seed=3, **kw).tokens
+        b = speculative_decode(split, d2, [2, 3, 4], max_new_tokens=12, seed=3, **kw).tokens
+        assert a == b
+    models = ["--target", target, "--draft", draft, "--no-progress", "--max-new-tokens", "4", "--json", "--seed", "3"]
+    assert main(["decode", "--prompt", "a b c", *models]) == 0
+    plain = json.loads(capsys.readouterr().out)["tokens"]
+    assert main(["decode", "--prompt", "a b c", *models, "--device-map", "auto", "--max-memory", "cpu=12KB",
+                 "--offload-folder", str(tmp_path / "off2")]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == plain
+    assert parse_max_memory("0=20GiB,cpu=60GiB") == {0: "20GiB", "cpu": "60GiB"}
+    for bad in (["--max-memory", "cpu=1GiB"], ["--device-map", "auto", "--max-memory", "cpu"]):
+        assert main(["decode", "--prompt", "a", *models, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "max-memory" in err

@@ -93,6 +93,12 @@ def _common(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     _dtype_and_vocab(p)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device-map", default=None, choices=["auto"],
+                   help="spread a target larger than one device over the GPUs, the CPU and the disk (accelerate)")
+    p.add_argument("--max-memory", default=None,
+                   help="with --device-map: the memory each device may take, e.g. 0=20GiB,cpu=60GiB (default: what is free)")
+    p.add_argument("--offload-folder", default=None,
+                   help="with --device-map: where layers that fit nowhere go (default: OTM cache folder/offload)")
     p.add_argument("--no-progress", action="store_true", help="no live figures / progress bar")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
@@ -180,8 +186,17 @@ def _load(args):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its "Loading weights" bars would sit above the streamed text
+    spread = {}
+    if getattr(args, "device_map", None):
+        from .embedded import cache_dir
+        from .models import parse_max_memory
+
+        spread = dict(device_map=args.device_map, max_memory=parse_max_memory(args.max_memory),
+                      offload_folder=args.offload_folder or cache_dir() / "offload")
+    elif getattr(args, "max_memory", None) or getattr(args, "offload_folder", None):
+        raise OtmError("--max-memory and --offload-folder need --device-map auto")
     return load_pair(args.target, args.draft, dtype=resolve_dtype(args.dtype, args.device), device=args.device,
-                     draft_vocab=draft_vocab_arg(args.draft_vocab, args.target is None and args.draft is None))
+                     draft_vocab=draft_vocab_arg(args.draft_vocab, args.target is None and args.draft is None), **spread)
 
 
 def cmd_decode(args) -> int:

@@ -150,7 +150,7 @@ class Generation:
 
 def _device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
     for t in itertools.chain(model.parameters(), model.buffers()):  # the first floating one (not a list of all)
-        if t.is_floating_point():
+        if t.is_floating_point() and t.device.type != "meta":  # meta: a layer a device map offloaded to disk
             return t.device, t.dtype
     raise OtmError(f"{type(model).__name__} has no floating parameters: give a causal language model")
 

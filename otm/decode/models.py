@@ -123,7 +123,23 @@ def _has_tokenizer(path: Path) -> bool:
     return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
 
 
-def load_pair(target=None, draft=None, *, dtype=None, device="cpu", draft_vocab=None, token_ranking=None):
+def parse_max_memory(text: str | None) -> dict | None:
+    """``"0=20GiB,cpu=60GiB"`` -> ``{0: "20GiB", "cpu": "60GiB"}`` (accelerate's ``max_memory``), or a one-line
+    OtmError saying what is wrong."""
+    if not text:
+        return None
+    out: dict = {}
+    for part in text.split(","):
+        key, sep, size = part.partition("=")
+        key, size = key.strip(), size.strip()
+        if not sep or not key or not size:
+            raise OtmError(f"--max-memory {text!r}: give DEVICE=SIZE pairs, e.g. 0=20GiB,cpu=60GiB")
+        out[int(key) if key.isdigit() else key] = size
+    return out
+
+
+def load_pair(target=None, draft=None, *, dtype=None, device="cpu", draft_vocab=None, token_ranking=None,
+              device_map=None, max_memory=None, offload_folder=None):
     """Load a ``target`` and a ``draft`` causal LM that share one vocabulary.
 
     Parameters
@@ -135,6 +151,10 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu", draft_vocab=
         Weights dtype for both models; ``"auto"``: bfloat16 where the device computes it natively
         (:func:`auto_dtype`), else float32.
     device : str or torch.device, default ``"cpu"``
+    device_map, max_memory, offload_folder : optional, for a target larger than one device:
+        transformers' ``from_pretrained`` (accelerate) places its layers by ``device_map`` (``"auto"``)
+        within ``max_memory`` (``{0: "20GiB", "cpu": "60GiB"}``), the rest in ``offload_folder`` on disk;
+        ``device`` is then ignored for the target, and the draft goes where the target's embedding is.
     draft_vocab : int or None
         S: the draft proposes only among the S most frequent tokens of ``token_ranking``
         (:mod:`otm.decode.draft_vocab`, FR-Spec); None or V: the whole vocabulary.
@@ -189,7 +209,13 @@ def load_pair(target=None, draft=None, *, dtype=None, device="cpu", draft_vocab=
             )
 
     try:
-        target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, local_files_only=True).to(device).eval()
+        if device_map is None:
+            target_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, local_files_only=True).to(device)
+        else:
+            target_model = AutoModelForCausalLM.from_pretrained(
+                target_dir, dtype=dtype, local_files_only=True, device_map=device_map, max_memory=max_memory,
+                offload_folder=None if offload_folder is None else str(offload_folder))
+        target_model.eval()
     except Exception as exc:
         raise OtmError(f"target model in {str(target_dir)!r} does not load: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     return target_model, load_draft(draft_dir, target_model, draft_vocab=draft_vocab, token_ranking=token_ranking), tokenizer
@@ -213,6 +239,10 @@ def load_draft(path, target_model, *, draft_vocab=None, token_ranking=None):
     path = model_dir(path, "draft")  # a local directory: otm never reaches the Hugging Face Hub
     embedding = target_model.get_input_embeddings().weight
     if is_feature_draft(path):  # reads the target's features (EAGLE): otm.decode.feature_draft
+        head = target_model.get_output_embeddings().weight
+        if embedding.device.type == "meta" or head.device.type == "meta":
+            raise OtmError("this feature draft shares the target's embedding and head, which the device map offloaded "
+                           "to disk: give those two layers room on a device (--max-memory), or a plain draft")
         return _restricted(load_feature_draft(path, target_model), draft_vocab, token_ranking)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=embedding.dtype, local_files_only=True)
