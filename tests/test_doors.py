@@ -82,3 +82,22 @@ def test_every_door_refuses_malformed_input_in_one_line(door, target, draft, k, 
 def test_verifier_laws_and_samplers_refuse_malformed_drafts(module, drafts, target, draft):
     one_line_or_success(lambda: module.law(target, draft, drafts))
     one_line_or_success(lambda: module.sample(target, draft, drafts, np.random.default_rng(0)))
+
+
+def test_greedy_refuses_a_last_draft_its_scheme_never_draws():
+    """Found by make test-explore (a RuntimeWarning: target[x] / 0): the last draft one of the top tokens,
+    or of zero draft mass, is refused in one line instead of being tested against a probability of 0."""
+    import warnings
+
+    from otm.laws import OtmError
+
+    target, draft = np.array([0.2, 0.3, 0.5]), np.array([0.6, 0.4, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for drafts in ([0, 0], [0, 2]):  # k = 2: the top token 0, then the top again / a zero-mass token
+            for call in (lambda: greedy.law(target, draft, drafts),
+                         lambda: greedy.sample(target, draft, drafts, np.random.default_rng(0))):
+                with pytest.raises(OtmError) as err:
+                    call()
+                assert "\n" not in str(err.value)
+        assert greedy.law(target, draft, [0, 1]).sum() == pytest.approx(1.0)

@@ -46,6 +46,11 @@ def _check_fixed(scheme: Greedy, d: np.ndarray) -> None:
             f"greedy drafts must start with the top {scheme.k - 1} draft tokens {scheme.fixed.tolist()}, "
             f"got {d[:-1].tolist()}: draw them with otm.schemes.Greedy"
         )
+    if not scheme.last[d[-1]] > 0:  # a last draft the scheme never draws: never test it (p / 0)
+        raise OtmError(
+            f"greedy's last draft {int(d[-1])} has probability 0 under the scheme (a top token or a zero draft "
+            "mass): draw the drafts with otm.schemes.Greedy"
+        )
 
 
 def law(target, draft, drafts) -> np.ndarray:
