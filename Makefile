@@ -59,5 +59,6 @@ check-versions:
 
 # the prepared device check, on a GPU machine's own python, torch and transformers (no venv, no network):
 # laws on the device, microseconds per call, the decoder on a random-weight 1.2B Llama (docs/testing.md)
+# (the venv's python where one exists, else the machine's own)
 gpu-check:
-	PYTHONPATH=. PYTHONUNBUFFERED=1 $(PYTHON) analysis/gpu_check.py --out docs/results/gpu_check
+	PYTHONPATH=. PYTHONUNBUFFERED=1 $(if $(wildcard $(PY)),$(PY),$(PYTHON)) analysis/gpu_check.py --out "$${OUT:-docs/results/gpu_check}"
