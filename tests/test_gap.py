@@ -17,6 +17,7 @@ from otm.exact import evaluate
 from otm.laws import OtmError
 from otm.schemes import WithoutReplacement
 from otm.analysis.worst_case import bound, search
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,9 +225,7 @@ def test_committed_worst_cases_respect_the_bound():
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="paper_table needs torch")
 def test_paper_table_on_tiny_models(tmp_path):
-    spec = importlib.util.spec_from_file_location("paper_table", ROOT / "analysis" / "paper_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("paper_table")
     rows = mod.run(mod.tiny_loader, out=tmp_path, prompts=2, positions=2, ks=(2, 4), temperature=1.0, paths=50)
     assert {r["k"] for r in rows} == {2, 4}
     for r in rows:

@@ -8,7 +8,6 @@ are checked. One test on the embedded pair is marked ``model`` (``make test-mode
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -25,6 +24,7 @@ from otm.decode import profile as pf  # noqa: E402
 from otm.laws import OtmError  # noqa: E402
 from otm.optimum import optimal_acceptance  # noqa: E402
 from otm.verifiers import greedy, kseq, kseq_without_replacement, optimal, rrs, rrs_without_replacement, speculative  # noqa: E402
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -33,10 +33,7 @@ KS = (1, 2, 3, 4)
 
 
 def _paper_table():
-    spec = importlib.util.spec_from_file_location("paper_table", ROOT / "analysis" / "paper_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("paper_table")
 
 
 @pytest.fixture(scope="module")

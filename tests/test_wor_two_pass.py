@@ -3,25 +3,20 @@ race quadrature equals the enumerated law, and its Gauss-Seidel fit reaches alph
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from otm.optimum import optimal_acceptance
 from otm.verifiers import optimal_without_replacement as ow
+from scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.research  # a research script's check: make test-slow, not make test
 
 
 @pytest.fixture(scope="module")
 def tp():
-    spec = importlib.util.spec_from_file_location("wor_two_pass", ROOT / "analysis" / "wor_two_pass.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("wor_two_pass")
 
 
 def _cases(n, seed):
