@@ -202,7 +202,7 @@ def format_report(report: dict, V: int) -> str:
     w = max([26, *(len(n) + 1 for n in names)])  # the name column fits the longest name
     lines = [
         f"scheme {report['scheme']}, k = {report['k']}, V = {V}",
-        f"  optimum alpha* (LP, HiGHS)   " + (f"{lp:.9f}" if lp is not None else report["methods"]["lp"]),
+        "  optimum alpha* (LP, HiGHS)   " + (f"{lp:.9f}" if lp is not None else report["methods"]["lp"]),
         f"  optimum alpha* (closed form) {opt:.9f}",
         "",
         f"  {'verifier':<{w}}{'acceptance':>12}{'/ optimum':>11}{'law error':>12}  method",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..laws import check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
 
 SAFETY = 1e-14
 """rho* is rounded up by this relative amount so that g(rho) <= 0 holds in floating point."""

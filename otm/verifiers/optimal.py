@@ -886,7 +886,7 @@ def _layout_rows(Ps, Qs, k: int):
     x1_s = x_s
     block = np.arange(N)  # layer of each sorted position (ids unique over all rows)
     lam = np.zeros(N)
-    starts_all, sizes_all = [], []
+    starts_all = []
     if k >= 2:
         for r in range(n_r.size):
             a, b = bounds[r], bounds[r + 1]
