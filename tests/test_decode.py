@@ -584,3 +584,36 @@ def test_a_target_spread_over_cpu_and_disk_gives_the_same_tokens(tmp_path, capsy
         assert main(["decode", "--prompt", "a", *models, *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "max-memory" in err
+
+
+def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(tmp_path, capsys):
+    """otm.decode.auto: B(L) from the warm-up's acceptance by depth; with free trees (T(n) = T(1)) the deepest,
+    widest tree wins; with trees costing n T(1) and draft calls of T(1) nothing beats autoregressive sampling,
+    and the line says so with the numbers. The CLI's -k auto --length auto runs and prints its line."""
+    from otm.cli import main
+    from otm.decode.auto import block_efficiency, plan
+    from otm.decode.bench import Costs
+
+    assert block_efficiency([0.5, 0.5, 0.5], 2) == 1.75 and block_efficiency([1.0, float("nan")], 2) == 2.0
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    sizes = [1 + k * L for k in (1, 2, 4) for L in (1, 2, 3, 4)]
+    free = Costs({n: 10.0 for n in [1] + sizes}, {1: 0.1, 2: 0.1, 4: 0.1}, 8)
+    p = plan(target, draft, [2, 3, 4], ks=(1, 2, 4), lengths=(1, 2, 3, 4), costs=free, warmup_tokens=24)
+    assert len(p.candidates) == 12 and p.best is not None
+    assert p.best.speedup == max(c.speedup for c in p.candidates) > 1.0
+    for c in p.candidates:  # each prediction is B(L) of its warm-up's acceptance over its measured step
+        assert c.block_efficiency == block_efficiency(p.acceptance[(c.verifier, c.k)], c.length)
+        assert c.speedup == pytest.approx(c.block_efficiency * 10.0 / free.step_ms(c.k, c.length))
+    assert p.line().startswith("auto: kseq k=")
+    dear = Costs({n: 10.0 * n for n in [1] + sizes}, {1: 10.0, 2: 10.0, 4: 10.0}, 8)
+    q = plan(target, draft, [2, 3, 4], ks=(1, 2, 4), lengths=(1, 2, 3, 4), costs=dear, warmup_tokens=24)
+    assert q.best is None and "no configuration tried is predicted to beat autoregressive" in q.line()
+    t_dir, d_dir = _save_pair(tmp_path)
+    models = ["--target", t_dir, "--draft", d_dir, "--no-progress", "--max-new-tokens", "6", "--json"]
+    assert main(["decode", "--prompt", "a b c", "-k", "auto", "--length", "auto", *models]) == 0
+    captured = capsys.readouterr()
+    assert [line for line in captured.err.splitlines() if line.startswith("auto: ")]
+    assert len(json.loads(captured.out)["tokens"]) == 6
+    assert main(["decode", "--prompt", "a", "-k", "many", *models]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "-k: must be a whole number or auto" in err

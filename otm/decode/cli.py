@@ -108,8 +108,10 @@ def register(sub) -> None:
     """Add ``decode`` and ``bench-decode`` to the ``otm`` subcommands."""
     dec = sub.add_parser("decode", help="multi-draft speculative decoding of one prompt (streams text)")
     dec.add_argument("--prompt", required=True, help="the user message")
-    dec.add_argument("-k", type=int, default=4, help="drafts per position (default 4)")
-    dec.add_argument("--length", "-L", type=int, default=4, help="draft depth L (default 4)")
+    dec.add_argument("-k", type=_int_or_auto, default=4,
+                     help="drafts per position, or auto: chosen from this machine's costs (default 4)")
+    dec.add_argument("--length", "-L", type=_int_or_auto, default=4,
+                     help="draft depth L, or auto: chosen from this machine's costs (default 4)")
     dec.add_argument("--verifier", default="kseq", choices=ALL_VERIFIERS, help="verification rule (default kseq)")
     dec.add_argument("--scheme", default=None, choices=["iid", "without_replacement"],
                      help="draft scheme (default: without_replacement for rrs_without_replacement, "
@@ -199,6 +201,23 @@ def _load(args):
                      draft_vocab=draft_vocab_arg(args.draft_vocab, args.target is None and args.draft is None), **spread)
 
 
+AUTO_KS = (1, 2, 4)
+AUTO_LENGTHS = (1, 2, 3, 4)
+"""The grid ``-k auto`` / ``--length auto`` chooses from (:mod:`otm.decode.auto`)."""
+
+
+def _int_or_auto(text: str):
+    """``-k`` / ``--length``: a whole number, or ``auto`` (:mod:`otm.decode.auto`)."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"must be a whole number or auto, got {text!r}") from None
+
+
 def cmd_decode(args) -> int:
     from .bench import encode_prompt
     from .decoder import autoregressive_decode, resolve_verifiers, speculative_decode
@@ -207,11 +226,13 @@ def cmd_decode(args) -> int:
     scheme = args.scheme or ("without_replacement" if args.verifier in WOR_ONLY else "iid")
     if not args.prompt.strip():
         raise OtmError("the prompt is empty: give some text with --prompt")
+    auto = not args.autoregressive and "auto" in (args.k, args.length)
     if not args.autoregressive:
         for value, name in ((args.k, "k"), (args.length, "length")):
-            if value < 1:
+            if value != "auto" and value < 1:
                 raise OtmError(f"{name} must be >= 1, got {value}")
-        resolve_verifiers(args.verifier, scheme, args.k)  # refuse a bad combination before loading models
+        for k in (AUTO_KS if args.k == "auto" else (args.k,)):
+            resolve_verifiers(args.verifier, scheme, k)  # refuse a bad combination before loading models
     if args.max_new_tokens < 1:
         raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     target, draft, tokenizer = _load(args)
@@ -246,6 +267,17 @@ def cmd_decode(args) -> int:
                         f"{rate:.1f} tokens/s")
 
     eos = tokenizer.eos_token_id
+    if auto:
+        from .auto import plan
+
+        chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
+                      lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
+                      scheme=scheme, sampling=sampling, seed=args.seed)
+        print(chosen.line(), file=sys.stderr, flush=True)
+        best = chosen.best
+        args.autoregressive = best is None
+        if best is not None:
+            args.k, args.length = best.k, best.length
     if args.autoregressive:
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
                                   eos_token_id=eos, seed=args.seed, on_tokens=stream)
