@@ -37,7 +37,7 @@ def _seeded_global_generators(request):
     before = _states()
     yield
     after = _states()
-    moved = [name for name in before if not _same(before[name], after.get(name))]
+    moved = [name for name in before if before[name] != after.get(name)]
     if moved:
         with open(audit, "a") as fh:
             fh.write(f"{request.node.nodeid}\t{','.join(moved)}\n")
@@ -55,10 +55,6 @@ def _states() -> dict:
     if torch is not None:
         out["torch"] = bytes(torch.get_rng_state().numpy())
     return out
-
-
-def _same(a, b) -> bool:
-    return a == b
 
 
 @pytest.fixture

@@ -343,8 +343,9 @@ def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
 
 @pytest.mark.parametrize("bits,rounds", [(0, 0), (None, 4)])
 def test_residual_draws_for_many_uniforms_are_the_scalar_draws(bits, rounds, monkeypatch):
-    """Rule.draw_residual_many (otm.torch.optimal's rows sharing a rule) gives, uniform by uniform, the
-    token Rule.draw_residual gives: 0, 1 - 2^-53, and uniforms next to every group's and token's edge."""
+    """Rule.draw_residual_many over a batch (otm.torch.optimal's rows sharing a rule: grouped by the group
+    drawn) gives, uniform by uniform, the token of a batch of one (Rule.draw_residual, whose law the test
+    above reads): 0, 1 - 2^-53, and uniforms next to every group's and token's edge."""
     if bits is not None:
         monkeypatch.setattr(optimal, "GROUP_BITS", bits)
     monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)

@@ -41,7 +41,7 @@ from ._core import (
 from ._optimal import normalised_row, checked_inputs, distinct_rows, host_laws
 
 
-def _distinctnormalised_row(p: np.ndarray, q: np.ndarray):
+def _distinct_normalised(p: np.ndarray, q: np.ndarray):
     """``(inverse, rows)``: each row's index into ``rows``, the distinct (target, draft) pairs normalised in
     float64 as :func:`otm.laws.check_law` does (rows of equal laws share one set-up)."""
     first, inverse = distinct_rows(p, q)
@@ -52,7 +52,7 @@ def _setups(p: np.ndarray, q: np.ndarray, d: np.ndarray):
     """Per row: ``(p64, q64)`` float64 ``[batch, V]`` normalised as :func:`otm.laws.check_law` does,
     ``rho``, ``trials`` (E[N_rho]) and ``rest`` (draft mass outside the row's drafts) ``[batch]``."""
     batch, k = d.shape
-    inverse, rows = _distinctnormalised_row(p, q)
+    inverse, rows = _distinct_normalised(p, q)
     rules = [_np_kw._build(pr, qr, k) for pr, qr in rows]
     p64 = np.stack([rows[i][0] for i in inverse])
     q64 = np.stack([rows[i][1] for i in inverse])
@@ -145,7 +145,7 @@ def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, co
     u = uniforms_for(uniforms, batch, 2 * k + 1, target.device, generator, validate).cpu().numpy()
     p_in, q_in = host_laws(target, draft)
     d_np = d.cpu().numpy()
-    inverse, rows = _distinctnormalised_row(p_in, q_in)
+    inverse, rows = _distinct_normalised(p_in, q_in)
     rules = [_np_oe.rule(pr, qr, k) for pr, qr in rows]
     token = np.empty(batch, dtype=np.int64)
     accepted = np.empty(batch, dtype=np.int64)

@@ -110,6 +110,8 @@ def rho_star(target, draft, k: int) -> float:
         from scipy.optimize import brentq
 
         direct = np.array([g(target, draft, k, pt) for pt in points[1:]])
+        if not (direct <= 0.0).any():  # g(k) > 0 by rounding only: k is valid (as below)
+            return float(k)
         first = 1 + int(np.argmax(direct <= 0.0))
         lo, hi = points[first - 1], points[first]
         root = brentq(lambda x: g(target, draft, k, x), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)

@@ -463,47 +463,30 @@ class Rule:
         one side, :math:`(P_G - x_G)_+` equals that sum up to rounding). A zero-residual token is
         never drawn (``searchsorted(side="right")`` at both levels). ``None`` when the residual has no
         mass (probability 0 in exact arithmetic; the caller draws from the target with the same ``u``)."""
-        r = self.residual_groups
-        while True:
-            c = np.cumsum(r)
-            if not c[-1] > 0:
-                return None
-            v = u * c[-1]
-            G = int(np.searchsorted(c, v, side="right"))
-            if G >= r.size:  # u * R rounded up to R: the last group with residual mass
-                G = int(np.flatnonzero(r > 0)[-1])
-            toks, res = self._group_residual(G)
-            cc = np.cumsum(res)
-            if cc[-1] > 0:
-                break
-            r = r.copy()  # a rounding-level (P_G - x_G)_+ on a group whose tokens have no residual
-            r[G] = 0.0
-        w = min((v - (c[G - 1] if G else 0.0)) / r[G], 1.0)
-        j = int(np.searchsorted(cc, w * cc[-1], side="right"))
-        if j >= toks.size:
-            j = int(np.flatnonzero(res > 0)[-1])
-        return int(toks[j])
+        return self.draw_residual_many([u])[0]
 
     def draw_residual_many(self, us) -> list[int | None]:
-        """:meth:`draw_residual` for each uniform in ``us``: the same float64 operations elementwise, so
-        the same tokens, with one pass over a group's sub-bucket ids per group drawn instead of per draw
-        (a batch of rows sharing this rule)."""
-        us = np.asarray(us, dtype=np.float64)
-        r = self.residual_groups
+        """:meth:`draw_residual` for each uniform in ``us`` (the rows of a batch sharing this rule): one pass
+        over a group's sub-bucket ids per group drawn, not per draw."""
+        return self._draw(self.residual_groups, np.asarray(us, dtype=np.float64))
+
+    def _draw(self, r: np.ndarray, us: np.ndarray) -> list[int | None]:
+        out: list[int | None] = [None] * us.size
         c = np.cumsum(r)
         if not c[-1] > 0:
-            return [None] * us.size
+            return out
         v = us * c[-1]
         G = np.searchsorted(c, v, side="right")
-        G[G >= r.size] = np.flatnonzero(r > 0)[-1]
-        out: list[int | None] = [None] * us.size
+        G[G >= r.size] = np.flatnonzero(r > 0)[-1]  # u * R rounded up to R: the last group with residual mass
         for g in np.unique(G):
             rows = np.flatnonzero(G == g)
             toks, res = self._group_residual(int(g))
             cc = np.cumsum(res)
-            if not cc[-1] > 0:  # the scalar path's rounding-level fallback, row by row
-                for i in rows:
-                    out[i] = self.draw_residual(float(us[i]))
+            if not cc[-1] > 0:  # a rounding-level (P_G - x_G)_+ on a group whose tokens have no residual:
+                r0 = r.copy()  # draw these rows again without it
+                r0[g] = 0.0
+                for i, tok in zip(rows, self._draw(r0, us[rows])):
+                    out[i] = tok
                 continue
             w = np.minimum((v[rows] - (c[g - 1] if g else 0.0)) / r[g], 1.0)
             j = np.searchsorted(cc, w * cc[-1], side="right")
