@@ -233,8 +233,9 @@ def test_exact_mode_of_the_decoder_catches_the_stale_unseen_mass(monkeypatch):
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_embedded_same_uniforms_same_outcome_as_numpy(k):
     rng = np.random.default_rng(500 + k)
-    rows, size = 40, 6
-    laws = [pair(rng, size, k) for _ in range(rows)]
+    rows, size = 200, 6
+    pool = [pair(rng, size, k) for _ in range(6)]  # rows share rules: the per-rule batched sampler over its rows
+    laws = [pool[i] for i in rng.integers(0, len(pool), rows)]
     p = np.array([a for a, _ in laws])
     q = np.array([b for _, b in laws])
     d = np.array([WithoutReplacement(q[r], k).sample(rng) for r in range(rows)])
