@@ -102,7 +102,9 @@ SCHEME_VARIANTS = {"traversal_without_replacement": ("traversal", "without_repla
 def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
     """The bench's rows: autoregressive, HF assisted, k = 1 per L (speculative, and block when asked), then k x L per verifier."""
     from .decoder import VERIFIERS
+    from .tree_registry import TREE_RULES
 
+    chains = [v for v in verifiers if v in TREE_RULES and TREE_RULES[v].chain_only]  # k = 1 rules (block)
     rows = [Contender("autoregressive", "autoregressive")]
     if hf:
         rows.append(Contender("hf generate (autoregressive)", "hf_generate"))
@@ -110,10 +112,10 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
     if 1 in ks:
         for L in lengths:
             rows.append(Contender(f"speculative k=1 L={L}", "speculative", 1, L, "speculative", "iid"))
-            if "block" in verifiers:  # block verification of the same single chain (otm.decode.tree_rules)
-                rows.append(Contender(f"block k=1 L={L}", "speculative", 1, L, "block", "iid"))
+            for v in chains:  # block verification (and any chain rule) of the same single chain
+                rows.append(Contender(f"{v} k=1 L={L}", "speculative", 1, L, v, TREE_RULES[v].schemes[0]))
     for v in verifiers:
-        if v == "block":
+        if v in chains:
             continue  # k = 1 only: beside the speculative rows above
         verifier, scheme = SCHEME_VARIANTS.get(v, (v, next((s for s, names in VERIFIERS.items() if v in names), None)))
         for k in ks:

@@ -32,13 +32,15 @@ from __future__ import annotations
 import sys
 
 from ..laws import OtmError
+from .tree_registry import TREE_RULES
 
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
 DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block,traversal"
 ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "kseq_without_replacement",
-                 "optimal_embedded", "block", "traversal")
-WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded")
+                 "optimal_embedded") + tuple(TREE_RULES)
+WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded") + tuple(
+    name for name, spec in TREE_RULES.items() if spec.schemes == ("without_replacement",))
 """Verifiers whose default scheme is ``without_replacement``."""
 
 

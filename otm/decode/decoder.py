@@ -67,19 +67,20 @@ from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: t
 from .chance import Chance, Sampled
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
-from .tree_rules import TREE_RULES, LevelByLevel, TreeRule
+from .tree_registry import TREE_RULES, tree_rule_names
+from .tree_rules import LevelByLevel, TreeRule
 
 SCHEMES = ("iid", "without_replacement")
 """Draft schemes of the decoder."""
 
 VERIFIERS = {
-    "iid": ("kseq", "rrs", "optimal", "speculative", "block", "traversal"),
-    "without_replacement": ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "speculative",
-                            "traversal"),
+    "iid": ("kseq", "rrs", "optimal", "speculative") + tree_rule_names("iid"),
+    "without_replacement": ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "speculative")
+    + tree_rule_names("without_replacement"),
 }
 """Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
-by level) and whole-tree rules (:data:`otm.decode.tree_rules.TREE_RULES`); ``speculative`` and
-``block`` take one draft chain (k = 1)."""
+by level) and whole-tree rules (:data:`otm.decode.tree_registry.TREE_RULES`); ``speculative`` and
+the chain-only tree rules (``block``) take one draft chain (k = 1)."""
 
 ROLLBACKS = ("gather", "refeed")
 """How the target cache returns to the accepted path (see :func:`speculative_decode`)."""
@@ -351,7 +352,7 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
     if verifier not in VERIFIERS[scheme]:
         known = ", ".join(VERIFIERS[scheme])
         raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
-    if verifier in ("speculative", "block") and k != 1:
+    if (verifier == "speculative" or (verifier in TREE_RULES and TREE_RULES[verifier].chain_only)) and k != 1:
         raise OtmError(f"the {verifier} verifier takes one draft chain (k = 1), got k = {k}: use kseq, rrs or optimal")
     if verifier in TREE_RULES:
         return None, None, verifier  # a whole-tree rule (resolve_rule)
@@ -368,7 +369,7 @@ def resolve_rule(verifier, scheme: str, k: int) -> TreeRule:
     if isinstance(verifier, TreeRule):
         return verifier
     if root is None:
-        return TREE_RULES[name]()
+        return TREE_RULES[name].make()
     return LevelByLevel(root, deep, name)
 
 

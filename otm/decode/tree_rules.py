@@ -248,9 +248,5 @@ class Traversal(TreeRule):
         return emitted, path
 
 
-TREE_RULES = {"block": Block, "traversal": Traversal}
-"""Whole-tree rules by name, beside the token-level verifiers (:data:`otm.decode.decoder.VERIFIERS`)."""
-
-
-__all__ = ["TREE_RULES", "Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
+__all__ = ["Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
            "block_law", "traversal_law"]
