@@ -271,7 +271,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     """
     import torch
 
-    from .decoder import FeatureRunner, Runner, is_feature_draft_model
+    from .runner import FeatureRunner, Runner, is_feature_draft_model
     from .sampling import Sampling, next_token_laws
     from .tree import DraftTree, tree_inputs
 

@@ -52,8 +52,6 @@ past, so still exact) and no token beyond the limit is drafted.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import itertools
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -65,6 +63,7 @@ from .. import torch as ot
 from ..laws import OtmError
 from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: the decoder's public names)
 from .chance import Chance, Sampled
+from .runner import FeatureRunner, Runner, device_and_dtype, is_feature_draft_model, vocab_size
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
 from .tree_registry import TREE_RULES, tree_rule_names
@@ -146,130 +145,6 @@ class Generation:
     stats: DecodeStats
 
 
-# -- models and caches ------------------------------------------------------------------
-
-
-def _device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
-    for t in itertools.chain(model.parameters(), model.buffers()):  # the first floating one (not a list of all)
-        if t.is_floating_point() and t.device.type != "meta":  # meta: a layer a device map offloaded to disk
-            return t.device, t.dtype
-    raise OtmError(f"{type(model).__name__} has no floating parameters: give a causal language model")
-
-
-def _vocab_size(model) -> int | None:
-    """``config.vocab_size``, else the rows of the input embedding, else None (unknown until its first logits)."""
-    config = getattr(model, "config", None)
-    v = getattr(config, "vocab_size", None)
-    if v is None and hasattr(model, "get_input_embeddings"):
-        try:
-            v = getattr(model.get_input_embeddings(), "num_embeddings", None)
-        except (NotImplementedError, AttributeError):
-            v = None
-    return int(v) if v is not None else None
-
-
-class Runner:
-    """A causal LM with its KV cache (a transformers ``Cache``; batch 1, or k rows while drafting)."""
-
-    def __init__(self, model, role: str):
-        self.model, self.role = model, role
-        self.device, self.dtype = _device_and_dtype(model)
-        self.cache = None
-        self.calls = 0
-        # transformers' causal LMs can skip the vocabulary projection of positions whose logits are not needed
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.cache_kw = cache_keyword(model.forward)
-
-    def length(self) -> int:
-        return 0 if self.cache is None else int(self.cache.get_seq_length())
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None, keep: int = 0):
-        """Logits ``[b, q', V]`` of ``ids [b, q]`` at ``positions [b, q]``; the cache grows by q.
-
-        ``keep > 0``: only the last ``keep`` positions' logits are needed (``q' = keep`` when the
-        model supports ``logits_to_keep``, else q); read them as ``logits[:, -keep:]``.
-        """
-        extra = {"logits_to_keep": keep} if keep and self.keeps_logits else {}
-        out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self.cache_kw: self.cache},
-            **extra,
-        )
-        self.cache = returned_cache(out)
-        self.calls += 1
-        return out.logits
-
-    def chain(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ids [1, n], positions [1, n])`` of a chain of tokens placed after the cache."""
-        ids = torch.tensor([tokens], dtype=torch.int64, device=self.device)
-        return ids, self.length() + torch.arange(len(tokens), device=self.device)[None]
-
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Feed a chain of tokens (batch 1) after the cache; logits of the last one ``[1, V]``."""
-        return self.forward(*self.chain(tokens), keep=1)[:, -1]
-
-    def keep_path(self, length: int, path: list[int]) -> None:
-        """Keep the first ``length`` positions followed by the positions ``path`` (increasing, all >= length).
-
-        The keys and values at ``path`` are copied down to ``length .. length + len(path) - 1``
-        (each source lies at or after its destination, and the gathered copy is made before the
-        write), then the rest is cropped. Needs a transformers ``DynamicCache`` whose layers are
-        full-attention ``DynamicLayer`` s (keys/values ``[b, heads, S, head_dim]``).
-        """
-        from transformers.cache_utils import DynamicLayer
-
-        layers = getattr(self.cache, "layers", None)
-        if layers is None or not all(isinstance(x, DynamicLayer) and not x.is_sliding for x in layers):
-            raise OtmError(
-                f"the {self.role} cache ({type(self.cache).__name__}) cannot keep arbitrary positions: "
-                "use target_rollback='refeed'"
-            )
-        if path:
-            src = torch.tensor(path, dtype=torch.int64, device=self.device)  # [m]
-            dst = slice(length, length + len(path))
-            for layer in layers:
-                if layer.is_initialized and layer.keys.numel():
-                    layer.keys[..., dst, :] = layer.keys.index_select(-2, src)  # [b, heads, m, head_dim]
-                    layer.values[..., dst, :] = layer.values.index_select(-2, src)
-        self.truncate(length + len(path))
-
-    def truncate(self, length: int) -> None:
-        """Keep the first ``length`` cached positions (transformers 5: ``crop`` takes minus the count to drop)."""
-        drop = self.length() - length
-        if drop < 0:
-            raise RuntimeError(f"{self.role} cache has {self.length()} positions, cannot keep {length}")
-        if drop:
-            self.cache.crop(-drop)
-
-
-class FeatureRunner(Runner):
-    """A feature draft (:class:`otm.decode.feature_draft.FeatureDraft`) with its KV cache.
-
-    Each element it reads is a token with the target's feature at the position before it (or,
-    inside a drafted chain, the draft's own guess of that feature); it returns hidden states,
-    turned into logits by the target's head (:meth:`logits`).
-    """
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[b, q, H]`` of ``ids [b, q]`` with ``features [b, q, H]``; the cache grows by q."""
-        out = self.model(ids, features, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values  # FeatureDraft's own forward (otm.decode.feature_draft) names both ways
-        self.calls += 1
-        return out.hidden
-
-    def feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
-        """Feed a chain (batch 1) with its features ``[n, H]``; hidden state of the last one ``[1, H]``."""
-        return self.forward(*self.chain(tokens), features[None].to(self.dtype))[:, -1]
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.logits(hidden)
-
-
-def is_feature_draft_model(model) -> bool:
-    from .feature_draft import FeatureDraft
-
-    return isinstance(model, FeatureDraft)
-
-
 def _check_attention(model, role: str) -> None:
     """A model whose attention cannot take the decoder's 4D additive tree mask is refused in one line."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -284,13 +159,13 @@ def _check_models(target, draft) -> None:
     _check_attention(target, "target")
     if not is_feature_draft_model(draft):
         _check_attention(draft, "draft")
-    vt, vd = _vocab_size(target), _vocab_size(draft)
+    vt, vd = vocab_size(target), vocab_size(draft)
     if vt is not None and vd is not None and vt != vd:
         raise OtmError(
             f"target has a vocabulary of {vt} tokens and draft {vd}: speculative decoding needs two models "
             "sharing one tokenizer and vocabulary"
         )
-    if _device_and_dtype(target)[0] != _device_and_dtype(draft)[0]:
+    if device_and_dtype(target)[0] != device_and_dtype(draft)[0]:
         raise OtmError("target and draft are on different devices: put both models on one device")
     if is_feature_draft_model(draft):
         head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
@@ -390,12 +265,21 @@ class _Decoder:
     """State of one decoding run: both runners (model + cache), pending tokens, randomness, stats."""
 
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
-                 chance: Chance, law_dtype, method, target_rollback="gather"):
-        self.target = Runner(target, "target")
+                 chance: Chance, law_dtype, method, target_rollback="gather", compile=None, static: bool = False,
+                 max_cache: int | None = None, prompt_length: int = 0):
         # a feature draft (EAGLE) reads the target's features: the head inputs of each target pass
         self.features = draft is not None and is_feature_draft_model(draft)
-        runner = FeatureRunner if self.features else Runner
-        self.draft = runner(draft, "draft") if draft is not None else None
+        self.static = static or compile is not None
+        if self.static:  # the static-shape step (otm.decode.static): fixed caches, padded forwards, compiled
+            from .static import static_runners
+
+            self.target, self.draft = static_runners(
+                target, draft, k=k, length=length, refeed=target_rollback == "refeed", compile=compile,
+                capacity=max_cache or prompt_length + max_new_tokens, features=self.features)
+        else:
+            self.target = Runner(target, "target")
+            runner = FeatureRunner if self.features else Runner
+            self.draft = runner(draft, "draft") if draft is not None else None
         self.pending_feats = None  # feature draft: [n, H] features before each pending draft token; None before the first pass
         self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass
         self.tree_features = self.prompt_features = None
@@ -493,6 +377,8 @@ class _Decoder:
         keep = ids.shape[1] if self.features and self.pending_feats is None else tree.size
         self.captured.clear()
         logits = t.forward(ids, positions, mask, keep=keep)[0, -tree.size :]  # [N, V]: the root and the nodes
+        if self.static and self.features:  # the static target returns its head's inputs itself
+            self.captured.append(t.last_features)
         if self.features:
             if not self.captured:
                 raise OtmError("the target's head was not called in its forward: a feature draft needs a causal LM "
@@ -608,7 +494,7 @@ class _Decoder:
             self.reads = HostReads()
         counting = self.reads if self.reads is not None else contextlib.nullcontext()
         hook = contextlib.nullcontext()
-        if self.features:  # the target's features are its head's inputs (a torch hook handle removes itself on exit)
+        if self.features and not self.static:  # the target's features are its head's inputs (a hook handle removes itself)
             head = self.target.model.get_output_embeddings()
             hook = head.register_forward_hook(lambda _m, inputs, _o: self.captured.append(inputs[0]))
         with torch.inference_mode(), hook, counting:
@@ -678,6 +564,9 @@ def speculative_decode(
     on_tokens: Callable[[list[int]], None] | None = None,
     chance: Chance | None = None,
     count_host_reads: bool = False,
+    static: bool = False,
+    compile: str | None = None,
+    max_cache: int | None = None,
 ) -> Generation:
     """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
 
@@ -713,6 +602,12 @@ def speculative_decode(
         ``Enumerated`` door to enumerate the runs of this very code.
     count_host_reads : count the reads of tensor values back to the host (a device sync each on a GPU) by
         the phase of the step, into ``stats.host_reads`` (:mod:`otm.decode.host_reads`; slows the run).
+    static : the static-shape step (:mod:`otm.decode.static`): caches of fixed shape, forwards padded to
+        two sizes per model, rollback by slot. Same laws; needs models whose attention takes a 4D
+        additive mask (transformers' causal LMs, the toy LMs, feature drafts).
+    compile : None, or a ``torch.compile`` mode (``"default"``, ``"max-autotune"``, ``"reduce-overhead"``):
+        the static step compiled, once per shape and process (implies ``static``).
+    max_cache : positions of the static caches (default: the prompt plus ``max_new_tokens``).
 
     Returns
     -------
@@ -726,13 +621,13 @@ def speculative_decode(
     if target_rollback not in ROLLBACKS:
         raise OtmError(f"target_rollback must be one of {', '.join(ROLLBACKS)}, got {target_rollback!r}")
     _check_models(target, draft)
-    prompt = _prompt_ids(input_ids, _vocab_size(target))
-    device = _device_and_dtype(target)[0]
+    prompt = _prompt_ids(input_ids, vocab_size(target))
+    device = device_and_dtype(target)[0]
     decoder = _Decoder(
         target, draft, prompt, k=k, length=length, scheme=scheme, verifier=rule, sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
         law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}",
-        target_rollback=target_rollback,
+        target_rollback=target_rollback, static=static, compile=compile, max_cache=max_cache, prompt_length=len(prompt),
     )
     return decoder.run(on_tokens, count_host_reads)
 
@@ -750,19 +645,24 @@ def autoregressive_decode(
     on_tokens: Callable[[list[int]], None] | None = None,
     chance: Chance | None = None,
     count_host_reads: bool = False,
+    static: bool = False,
+    compile: str | None = None,
+    max_cache: int | None = None,
 ) -> Generation:
     """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
 
     Each step is one target call on the pending tokens and one inverse-CDF draw from the
-    processed law (``chance.bonus``); block efficiency is 1.
+    processed law (``chance.bonus``); block efficiency is 1. ``static``, ``compile``, ``max_cache``: as
+    :func:`speculative_decode` (the same static step, compiled or not, so ratios compare like with like).
     """
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
-    prompt = _prompt_ids(input_ids, _vocab_size(target))
-    device = _device_and_dtype(target)[0]
+    prompt = _prompt_ids(input_ids, vocab_size(target))
+    device = device_and_dtype(target)[0]
     decoder = _Decoder(
         target, None, prompt, k=1, length=0, scheme="iid", verifier=None, sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, True),
-        law_dtype=law_dtype, method="autoregressive",
+        law_dtype=law_dtype, method="autoregressive", static=static, compile=compile, max_cache=max_cache,
+        prompt_length=len(prompt),
     )
     return decoder.run(on_tokens, count_host_reads)

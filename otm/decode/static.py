@@ -1,0 +1,351 @@
+r"""The decoder's static-shape step: a KV cache of fixed shape, inputs padded to a few sizes, compiled once.
+
+gpt-fast's way (Meta's pytorch-labs/gpt-fast): every forward of a decoding step has the same
+shapes, so ``torch.compile`` builds its graph once per shape (inductor on the CPU, CUDA graphs with
+``mode="reduce-overhead"`` on a GPU) and the machine runs the model at the speed of its memory
+instead of the speed of Python and of the eager kernels' dispatch.
+
+**The cache** (:class:`SlotCache`): per layer, keys and values ``[batch, heads, capacity, head_dim]``
+allocated once. A forward writes its keys and values at the *slots* the runner names (a tensor set
+before the call), not after a growing length, so a tree's nodes, padding rows and the accepted path
+can sit anywhere. What a query sees is decided by the 4D additive mask alone: the committed context,
+its own tree ancestors, itself. Slots past the committed length hold stale keys of rejected branches
+and of padding: the mask hides them (a mask that did not is the planted bug of
+``tests/test_static_step.py``).
+
+**The shapes** (:class:`StaticRunner`): a forward of q tokens is padded to the smallest *bucket*
+Q >= q (by default 1 and the largest tree of the run, so two graphs per model). Padding rows come
+first, so the real rows are the last q (``logits_to_keep`` keeps working); they write to scratch
+slots after the real ones and attend to their own slot only. Larger inputs (the prompt) run eagerly
+through the same cache, unpadded.
+
+**Rollback** by slot: the accepted path's keys and values are copied down to the slots right after
+the committed context (gpt-fast and the eager decoder's ``gather``), and the committed length moves;
+nothing is cropped. A draft cache of batch k (one row per draft row) returns to one row by copying
+that row into every row.
+
+Exactness does not depend on any of this: the laws the verifier sees are the laws the tokens were
+drawn from (the decoder's design), and the exact mode checks the static path like the eager one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import weakref
+
+import torch
+
+from ..laws import OtmError
+from .runner import Runner
+
+COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
+"""``torch.compile`` modes the static step takes (``None``: the static shapes, eager kernels)."""
+
+
+def _cache_base():
+    from transformers.cache_utils import Cache
+
+    return Cache
+
+
+class SlotCache:
+    """Keys and values of fixed shape ``[batch, heads, capacity, head_dim]`` per layer, written at ``slots``.
+
+    Built lazily by :func:`slot_cache` as a subclass of transformers' ``Cache`` (so a model that checks
+    ``isinstance(past_key_values, Cache)`` accepts it). ``slots`` (int64 ``[q]``) must be set before
+    each forward: the cache positions the forward's q keys go to.
+    """
+
+
+def slot_cache(capacity: int, batch: int):
+    """A fresh :class:`SlotCache` of ``capacity`` positions for ``batch`` rows."""
+    return _slot_cache_class()(capacity, batch)
+
+
+_CLASS = None
+
+
+def _slot_cache_class():
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+
+    class _SlotCache(_cache_base(), SlotCache):
+        def __init__(self, capacity: int, batch: int):
+            super().__init__(layers=[])
+            self.capacity, self.batch = int(capacity), int(batch)
+            self.keys: list[torch.Tensor] = []
+            self.values: list[torch.Tensor] = []
+            self.slots: torch.Tensor | None = None
+            self.used = 0  # committed positions (host-side; never read by the model)
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx == len(self.keys):  # first forward: allocate this layer
+                b, h, _, d = key_states.shape
+                shape = (self.batch, h, self.capacity, d)
+                self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=key_states.device))
+                self.values.append(torch.zeros((self.batch, h, self.capacity, value_states.shape[-1]),
+                                               dtype=value_states.dtype, device=value_states.device))
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+            keys.index_copy_(2, self.slots, key_states.to(keys.dtype))
+            values.index_copy_(2, self.slots, value_states.to(values.dtype))
+            return keys, values
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return self.used
+
+        @property
+        def is_compileable(self) -> bool:
+            return True
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            """Every row already holds the context (it was fed to all rows): nothing to do."""
+            if repeats > self.batch:
+                raise OtmError(f"this static cache has {self.batch} rows, not {repeats}: build it for k = {repeats}")
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep one row: copied into every row (the batch stays fixed), committed slots only."""
+            if indices.numel() != 1:
+                raise OtmError("a static draft cache returns to one row at a time")
+            row = int(indices.reshape(-1)[0])
+            n = self.used
+            for t in self.keys + self.values:
+                t[:, :, :n] = t[row : row + 1, :, :n]
+
+        def keep_path(self, length: int, path: list[int]) -> None:
+            """Copy the slots ``path`` (increasing, all >= length) down to ``length ..``; commit them."""
+            if path:
+                src = torch.tensor(path, dtype=torch.int64, device=self.keys[0].device)
+                dst = slice(length, length + len(path))
+                for t in self.keys + self.values:
+                    t[:, :, dst] = t.index_select(2, src)  # gathered before the write
+            self.used = length + len(path)
+
+    _CLASS = _SlotCache
+    return _CLASS
+
+
+def buckets_for(k: int, length: int, refeed: bool = False) -> tuple[int, int]:
+    """The target's two forward sizes of a run: 1 (autoregressive steps) and its largest tree pass.
+
+    A tree has at most ``1 + k * length`` nodes; with ``refeed`` rollback the pending chain before it
+    holds up to ``length`` more tokens.
+    """
+    return (1, 1 + k * length + (length if refeed else 0))
+
+
+def _inductor_cache() -> None:
+    """Keep inductor's compiled kernels and autotuning results in the user cache folder (reused by later runs)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from .embedded import cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+
+
+class StaticRunner(Runner):
+    """A causal LM over a :class:`SlotCache`: forwards padded to fixed sizes, optionally compiled.
+
+    Parameters
+    ----------
+    model : a causal LM with the transformers interface (the decoder's), or a feature draft.
+    role : "target" or "draft" (for messages).
+    capacity : cache positions (prompt + new tokens + the largest forward).
+    batch : cache rows (the draft's k; the target's 1).
+    buckets : forward sizes (increasing); a forward of q tokens is padded to the smallest bucket >= q,
+        larger ones (the prompt) run eagerly and unpadded.
+    compile : None (static shapes, eager kernels) or a mode of :data:`COMPILE_MODES`.
+    progress : where to say that a shape is being compiled: ``"stderr"`` (the default: ``sys.stderr`` at the
+        time), a file, or None (silent).
+    """
+
+    def __init__(self, model, role: str, *, capacity: int, batch: int = 1, buckets=(1,), compile=None,
+                 progress="stderr", with_features: bool = False):
+        super().__init__(model, role)
+        self.with_features = with_features
+        self.last_features = None
+        if compile is not None and compile not in COMPILE_MODES:
+            raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+        self.cache = slot_cache(capacity, batch)
+        self.batch, self.capacity = int(batch), int(capacity)
+        self.buckets = tuple(sorted(set(int(b) for b in buckets)))
+        self.mode, self.progress = compile, progress
+        self.compiled = None
+        self.shapes: set[int] = set()  # bucket sizes already compiled (first call of each compiles)
+        self.compile_seconds = 0.0
+
+    def length(self) -> int:
+        return self.cache.used
+
+    def _call(self, ids, positions, mask, extra):
+        if self.with_features:  # a feature draft's target: the head's inputs are returned beside the logits
+            hidden = self.model.get_decoder()(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                              use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
+            return self.model.get_output_embeddings()(hidden), hidden
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                          **{self.cache_kw: self.cache}, **extra).logits
+
+    def _bucket(self, q: int) -> int | None:
+        return next((b for b in self.buckets if b >= q), None)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None, keep: int = 0):
+        """Logits ``[b, q', V]`` of ``ids [b, q]`` at ``positions [b, q]`` (as :meth:`Runner.forward`).
+
+        ``mask``: None (causal after the committed context) or the decoder's ``[1, 1, q, used + q]``
+        additive tree mask over the committed context and the q new tokens. With ``with_features``
+        the head's inputs of the q tokens are left in :attr:`last_features` ``[b, q, H]``.
+        """
+        out = self._run(ids, positions, mask, keep, {})
+        if self.with_features:
+            out, self.last_features = out
+        return out
+
+    def _run(self, ids, positions, mask, keep, inputs: dict):
+        """One forward, padded to its bucket: ``inputs`` are further ``[b, q, ...]`` tensors padded the same way."""
+        b, q = ids.shape
+        rows = b
+        if b != self.batch:
+            if b == 1:  # the context, to every row
+                ids, positions = ids.expand(self.batch, q), positions.expand(self.batch, q)
+                inputs = {n: x.expand(self.batch, *x.shape[1:]) for n, x in inputs.items()}
+            elif b < self.batch:  # fewer draft rows than the cache has (a small support): repeat row 0
+                more = self.batch - b
+                ids = torch.cat([ids, ids[:1].expand(more, q)])
+                positions = torch.cat([positions, positions[:1].expand(more, q)])
+                inputs = {n: torch.cat([x, x[:1].expand(more, *x.shape[1:])]) for n, x in inputs.items()}
+            else:
+                raise OtmError(f"the static {self.role} cache has {self.batch} rows, got {b}")
+        used = self.cache.used
+        Q = self._bucket(q)
+        padded = Q if Q is not None else q
+        if used + padded > self.capacity:
+            raise OtmError(f"the static {self.role} cache holds {self.capacity} positions and this step needs "
+                           f"{used + padded}: give a larger max_cache or fewer new tokens")
+        pad = padded - q
+        allowed = torch.zeros((padded, self.capacity), dtype=torch.bool)
+        allowed[pad:] = self.visible(used, q, mask)
+        real = torch.arange(used, used + q)
+        scratch = torch.arange(used + q, used + padded)
+        allowed[torch.arange(pad), scratch] = True  # a padding row sees its own slot only
+        full = torch.zeros((1, 1, padded, self.capacity), dtype=self.dtype)
+        full[0, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        if pad:
+            ids = torch.cat([ids.new_zeros((self.batch, pad)), ids], 1)
+            positions = torch.cat([positions.new_zeros((self.batch, pad)), positions], 1)
+            inputs = {n: torch.cat([x.new_zeros((self.batch, pad, *x.shape[2:])), x], 1) for n, x in inputs.items()}
+        self.cache.slots = torch.cat([scratch, real]).to(self.device)
+        compiled = Q is not None and self.mode is not None
+        # a compiled graph is specialised on every Python value: all logits are kept, so one graph per bucket
+        extra = {"logits_to_keep": keep} if keep and self.keeps_logits and not compiled and not inputs else {}
+        fn = self._call_inputs if inputs else self._call
+        first = compiled and Q not in self.shapes
+        if compiled:
+            fn = self._compiled(fn)
+            if first:
+                self._say(f"compiling the {self.role}'s step for {Q} position{'s' if Q > 1 else ''} "
+                          f"(torch.compile, mode {self.mode}; once per shape, cached in the user cache folder) ...")
+        start = time.perf_counter()
+        out = fn(ids, positions, full.to(self.device), extra, **inputs) if inputs else fn(ids, positions,
+                                                                                           full.to(self.device), extra)
+        if first:
+            self.shapes.add(Q)
+            self.compile_seconds += time.perf_counter() - start
+            self._say(f"compiled in {time.perf_counter() - start:.1f} s")
+        self.cache.used = used + q
+        self.calls += 1
+
+        def real_rows(x):
+            return x[:rows, pad:] if not extra else x[:rows]  # logits_to_keep already dropped the padding rows
+
+        return tuple(real_rows(x) for x in out) if isinstance(out, tuple) else real_rows(out)
+
+    def _call_inputs(self, ids, positions, mask, extra, **inputs):
+        raise NotImplementedError
+
+    def visible(self, used: int, q: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """``[q, capacity]`` bool: the slots each of the q new tokens may attend to -- the committed
+        context and, among the q, itself and what ``mask`` allows (causal when None); never a slot at or
+        past ``used + q``, which holds stale keys of rejected branches and of padding."""
+        out = torch.zeros((q, self.capacity), dtype=torch.bool)
+        if mask is None:
+            out[:, : used + q] = torch.ones(q, used + q, dtype=torch.bool).tril(used)
+        else:
+            out[:, : used + q] = mask[0, 0].to("cpu") == 0
+        return out
+
+    def _say(self, text: str) -> None:
+        if self.progress is not None:
+            print(text, file=sys.stderr if self.progress == "stderr" else self.progress, flush=True)
+
+    def _compiled(self, fn):
+        if self.compiled is None:
+            _inductor_cache()
+            self.compiled = torch.compile(fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
+        return self.compiled
+
+    def keep_path(self, length: int, path: list[int]) -> None:
+        self.cache.keep_path(length, path)
+
+    def truncate(self, length: int) -> None:
+        if length > self.cache.used:
+            raise RuntimeError(f"{self.role} cache has {self.cache.used} positions, cannot keep {length}")
+        self.cache.used = length
+
+
+class StaticFeatureRunner(StaticRunner):
+    """A feature draft (:class:`otm.decode.feature_draft.FeatureDraft`) over a :class:`SlotCache` (as
+    :class:`otm.decode.runner.FeatureRunner`: it returns hidden states, turned into logits by :meth:`logits`)."""
+
+    def _call_inputs(self, ids, positions, mask, extra, features):
+        return self.model(ids, features, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                          attention_mask=mask).hidden
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[b, q, H]`` of ``ids [b, q]`` with ``features [b, q, H]``."""
+        return self._run(ids, positions, None, 0, {"features": features})
+
+    def feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        return self.forward(*self.chain(tokens), features[None].to(self.dtype))[:, -1]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)
+
+
+_POOL: "weakref.WeakKeyDictionary" = None
+
+
+def _pooled(model, key: tuple, make):
+    """The runner of ``model`` built for ``key``, made once per process (its compiled graphs are reused)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = weakref.WeakKeyDictionary()
+    runners = _POOL.setdefault(model, {})
+    runner = runners.get(key)
+    if runner is None:
+        runner = runners[key] = make()
+    runner.cache.used, runner.calls, runner.last_features = 0, 0, None  # a fresh run over the same buffers
+    return runner
+
+
+def static_runners(target, draft, *, k: int, length: int, refeed: bool, compile, capacity: int, features: bool):
+    """``(target runner, draft runner or None)`` of a static-shape run (the decoder's, :mod:`otm.decode.decoder`).
+
+    ``capacity`` is rounded up to a multiple of 256 (plus the largest forward), so runs of similar
+    lengths reuse one cache and one compiled graph per shape. The target's buckets are 1 and the
+    largest tree pass (:func:`buckets_for`); the draft's 1 and 2 (the tokens it is fed after a step),
+    over k rows.
+    """
+    top = buckets_for(k, length, refeed)
+    room = -(-int(capacity) // 256) * 256 + top[-1] + 2
+    t = _pooled(target, ("target", room, top, compile, features), lambda: StaticRunner(
+        target, "target", capacity=room, buckets=top, compile=compile, with_features=features))
+    if draft is None:
+        return t, None
+    cls = StaticFeatureRunner if features else StaticRunner
+    d = _pooled(draft, ("draft", room, k, compile), lambda: cls(
+        draft, "draft", capacity=room, batch=k, buckets=(1, 2), compile=compile))
+    return t, d
+
+
+__all__ = ["COMPILE_MODES", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "slot_cache", "static_runners"]

@@ -1,0 +1,160 @@
+"""The static-shape step (otm.decode.static): fixed caches written at named slots, forwards padded to two
+sizes per model, rollback by slot, optionally compiled.
+
+Exact: the real decoder with ``static=True``, every run enumerated by its exact mode, gives the target's
+law of T tokens to 1e-12 on toy LMs for the token-level rules, block and traversal, both schemes and both
+rollbacks. The planted realistic bug -- the rollback commits the accepted path without moving its keys
+down, so the next step reads the stale slots of a rejected branch -- is caught by the same check (law
+error above 1e-4 on the cases below, against < 1e-12).
+
+Same tokens: on tiny float64 Llama pairs (a token draft and a feature draft) the same seed gives the same
+tokens through the static step as through the eager dynamic one, compiled (dynamo traced, the
+``aot_eager`` backend: the graph is captured, the kernels stay eager so the test takes seconds) or not.
+Inductor's compiled kernels run in ``make test-slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import otm.decode.static as static
+from otm.decode import autoregressive_decode, speculative_decode
+from otm.decode.exact_mode import exact_decode_law, law_error, target_law
+from otm.decode.toy import ToyLM, model_law
+from otm.laws import OtmError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+PROMPT = [0, 2]
+
+CASES = [
+    dict(k=2, length=2, verifier="kseq"),
+    dict(k=3, length=1, verifier="rrs"),
+    dict(k=2, length=2, verifier="traversal"),
+    dict(k=1, length=3, verifier="block"),
+    dict(k=3, length=2, verifier="rrs_without_replacement", scheme="without_replacement"),
+    dict(k=2, length=2, verifier="traversal", scheme="without_replacement"),
+    dict(k=2, length=2, verifier="kseq", target_rollback="refeed"),
+]
+
+
+def _error(V, seeds, T, **options):
+    target, draft = ToyLM(V, seed=seeds[0]), ToyLM(V, seed=seeds[1])
+    prompt = [0, 1]
+    law = exact_decode_law(target, draft, prompt, max_new_tokens=T, static=True, **options)
+    return law_error(law, target_law(model_law(target, prompt, None), T))
+
+
+@pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_static_step_is_exact(options):
+    assert _error(2, (0, 1), 3, **options) < 1e-12
+
+
+def test_static_step_is_exact_on_a_larger_vocabulary():
+    assert _error(3, (0, 1), 3, k=2, length=2, verifier="traversal", scheme="without_replacement") < 1e-12
+
+
+def test_static_autoregressive_is_exact():
+    target = ToyLM(3, seed=4)
+    law = exact_decode_law(target, None, PROMPT, max_new_tokens=3, static=True)
+    assert law_error(law, target_law(model_law(target, PROMPT, None), 3)) < 1e-12
+
+
+def _forgotten_gather(self, length, path):
+    """Planted bug: the rollback commits the accepted path's length without moving its keys and values
+    down, so the next step reads the slots of the tree's first nodes -- a rejected branch -- as the path."""
+    self.used = length + len(path)
+
+
+@pytest.mark.parametrize("options", [CASES[0], CASES[2], CASES[4]], ids=["kseq", "traversal", "rrs_wor"])
+def test_stale_slots_read_by_the_next_step_are_caught(monkeypatch, options):
+    """The planted realistic bug (stale static-cache slots of a rejected branch read by the next step,
+    :func:`_forgotten_gather`): law error 1.7e-4 (traversal), 3.2e-4 (kseq), 3.3e-4 (rrs without
+    replacement) at V = 2, T = 3 (1.8e-2 to 7.2e-2 at V = 3), against < 1e-12 for the real step."""
+    cls = type(static.slot_cache(1, 1))
+    monkeypatch.setattr(cls, "keep_path", _forgotten_gather)
+    assert _error(2, (0, 1), 3, **options) > 1e-4
+
+
+def _llama(seed, V=40):
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None, initializer_range=0.3)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).double().eval()
+
+
+def _feature_pair(seed):
+    from otm.decode.feature_draft import build_feature_draft
+
+    target = _llama(seed)
+    draft = build_feature_draft(target, seed=seed + 1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad and p.ndim == 2:
+                p.normal_(0, 0.4)
+    return target, draft.double().eval()
+
+
+RUNS = [
+    dict(k=3, length=3, verifier="kseq"),
+    dict(k=2, length=2, verifier="traversal"),
+    dict(k=4, length=2, verifier="rrs_without_replacement", scheme="without_replacement"),
+    dict(k=1, length=4, verifier="block", target_rollback="refeed"),
+]
+
+
+@pytest.mark.parametrize("options", RUNS, ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_same_tokens_static_and_dynamic_on_a_llama_pair(options):
+    target, draft = _llama(0), _llama(1)
+    prompt = list(range(1, 9))
+    a = speculative_decode(target, draft, prompt, max_new_tokens=40, seed=3, **options)
+    b = speculative_decode(target, draft, prompt, max_new_tokens=40, seed=3, static=True, **options)
+    assert a.tokens == b.tokens
+    assert (a.stats.target_calls, a.stats.draft_calls) == (b.stats.target_calls, b.stats.draft_calls)
+
+
+def test_same_tokens_static_and_dynamic_with_a_feature_draft():
+    target, draft = _feature_pair(5)
+    prompt = list(range(1, 9))
+    for options in (dict(k=3, length=2, verifier="kseq"), dict(k=2, length=3, verifier="traversal")):
+        a = speculative_decode(target, draft, prompt, max_new_tokens=30, seed=1, **options)
+        b = speculative_decode(target, draft, prompt, max_new_tokens=30, seed=1, static=True, **options)
+        assert a.tokens == b.tokens
+
+
+def _traced(self, fn):
+    """The compiled path with dynamo's graph capture and eager kernels (seconds, not minutes)."""
+    if self.compiled is None:
+        self.compiled = torch.compile(fn, backend="aot_eager", dynamic=False)
+    return self.compiled
+
+
+def test_compiled_static_step_gives_the_same_tokens(monkeypatch, capsys):
+    monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
+    target, draft = _llama(2), _llama(3)
+    prompt = list(range(1, 9))
+    options = dict(k=3, length=2, verifier="kseq", max_new_tokens=24, seed=7)
+    a = speculative_decode(target, draft, prompt, **options)
+    b = speculative_decode(target, draft, prompt, compile="default", **options)
+    assert a.tokens == b.tokens
+    err = capsys.readouterr().err
+    assert "compiling the target's step for 7 positions" in err and "compiling the draft's step" in err
+    runner = static._POOL[target][next(iter(static._POOL[target]))]
+    assert runner.shapes <= {1, 7}  # one graph per bucket: 1 and the largest tree (1 + k L)
+    c = speculative_decode(target, draft, prompt, compile="default", **options)  # a second run: nothing recompiles
+    assert c.tokens == a.tokens and "compiling" not in capsys.readouterr().err
+    ar = autoregressive_decode(target, prompt, max_new_tokens=12, seed=2)
+    assert autoregressive_decode(target, prompt, max_new_tokens=12, seed=2, compile="default").tokens == ar.tokens
+
+
+def test_static_cache_refuses_a_step_past_its_capacity_in_one_line():
+    target, draft = _llama(0), _llama(1)
+    with pytest.raises(OtmError, match="static (target|draft) cache holds .* positions") as e:
+        speculative_decode(target, draft, [1] * 300, max_new_tokens=5, k=2, length=2, static=True,
+                           max_cache=8)
+    assert "\n" not in str(e.value)
+    with pytest.raises(OtmError, match="compile must be None or one of"):
+        static.StaticRunner(target, "target", capacity=16, compile="fast")
