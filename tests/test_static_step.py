@@ -153,8 +153,30 @@ def test_compiled_static_step_gives_the_same_tokens(monkeypatch, capsys):
 def test_static_cache_refuses_a_step_past_its_capacity_in_one_line():
     target, draft = _llama(0), _llama(1)
     with pytest.raises(OtmError, match="static (target|draft) cache holds .* positions") as e:
-        speculative_decode(target, draft, [1] * 300, max_new_tokens=5, k=2, length=2, static=True,
+        speculative_decode(target, draft, [1] * 600, max_new_tokens=5, k=2, length=2, static=True,
                            max_cache=8)
     assert "\n" not in str(e.value)
     with pytest.raises(OtmError, match="compile must be None or one of"):
         static.StaticRunner(target, "target", capacity=16, compile="fast")
+
+
+def test_cli_decode_and_bench_with_the_static_step(tmp_path, capsys):
+    """``otm decode --compile static`` gives the tokens of the eager step (same seed); ``otm bench-decode
+    --compile static`` names the step in its machine line and runs every row and its cost model through it."""
+    import json
+
+    from otm.cli import main
+    from test_decode import _save_pair
+
+    target_dir, draft_dir = _save_pair(tmp_path)
+    common = ["--target", target_dir, "--draft", draft_dir, "--no-progress", "--max-new-tokens", "12"]
+    runs = []
+    for step in ("none", "static"):
+        assert main(["decode", "--prompt", "a b c", "-k", "3", "--length", "2", "--json", "--compile", step,
+                     *common]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert runs[0] == runs[1] and len(runs[0]) == 12
+    assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1", "--no-hf",
+                 "--compile", "static", *common]) == 0
+    out = capsys.readouterr().out
+    assert "static-shape step, eager kernels" in out and "kseq k=2 L=2" in out and "--compile static" in out

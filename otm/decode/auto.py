@@ -68,9 +68,10 @@ def block_efficiency(acceptance: list[float], length: int) -> float:
 
 
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
-         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None) -> Plan:
+         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none") -> Plan:
     """Measure and rank every (verifier, k, L) of the grid (module docstring); ``ids`` the warm-up prompt.
-    ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse (else measured here)."""
+    ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse (else measured here, with the step
+    ``compile`` gives: a choice of :data:`otm.decode.cli.COMPILE_CHOICES`)."""
     from .bench import measure_costs
     from .decoder import speculative_decode
 
@@ -87,7 +88,7 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
     if costs is None:
         context = list(ids)
         costs = measure_costs(target, draft, context, [1] + [1 + k * L for k in ks for L in lengths], [1] + ks,
-                              sampling=sampling, repeats=3)
+                              sampling=sampling, repeats=3, compile=compile)
     t1 = costs.target(1)
     candidates = []
     for (verifier, k), acc in acceptance.items():

@@ -174,22 +174,25 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
     return out.shape[1] - len(ids), calls[0], calls[1], seconds
 
 
-def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft, *, count_host_reads=False):
+def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft, *, count_host_reads=False,
+         compile: str = "none"):
     """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None);
-    ``hf_draft`` is the draft of the hf assisted row."""
+    ``hf_draft`` is the draft of the hf assisted row; ``compile`` a choice of ``--compile`` for otm's rows."""
+    from .steps import compile_options
     from .decoder import autoregressive_decode, speculative_decode
 
+    step = compile_options(compile)
     if c.kind == "hf_assisted":
         return (*_hf_assisted(target, hf_draft, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "hf_generate":
         return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
-                                  count_host_reads=count_host_reads)
+                                  count_host_reads=count_host_reads, **step)
     else:
         g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier, scheme=c.scheme,
                                sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
-                               count_host_reads=count_host_reads)
+                               count_host_reads=count_host_reads, **step)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
 
@@ -259,7 +262,7 @@ def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, co
 
 
 def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling=None, repeats: int = 7,
-                  prompt: list[int] | None = None) -> Costs:
+                  prompt: list[int] | None = None, compile: str = "none", capacity: int | None = None) -> Costs:
     """Time the decoder's own target call on each tree size in ``sizes`` (positions, root included) and
     its draft call at each batch in ``batches``, after ``context`` (token ids) in the cache, and the
     prefill of ``prompt`` (default ``context``) on an empty cache.
@@ -268,6 +271,11 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     hits every size alike), after one untimed round; each cost is the fastest of its rounds, the cost
     of an undisturbed call (on a loaded machine medians of 7 were seen out of order, T(1) > T(3)), so
     on a busy machine the measured tokens/s fall below the predicted by the load's share.
+
+    ``compile``: a choice of ``--compile`` (:data:`otm.decode.cli.COMPILE_CHOICES`): other than none, the
+    static step (:mod:`otm.decode.static`) is timed, each size a bucket of the runners the decoder then
+    reuses (``capacity``: the decoder's, prompt + new tokens), so nothing is compiled twice; the first,
+    untimed round compiles.
     """
     import torch
 
@@ -279,8 +287,22 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     prompt = list(context if prompt is None else prompt)
     features = is_feature_draft_model(draft)
     calls: dict[tuple[str, int], object] = {}
+    static = compile != "none"
+
+    def static_runner(b: int, tree_sizes=(1,)):
+        """The decoder's pooled static runner (:func:`otm.decode.static.static_runners`): b = 0 the target."""
+        from .static import static_runners
+
+        size = max(capacity or 0, len(context) + max(sizes))
+        t, d = static_runners(target, draft if b else None, k=max(b, 1), length=0, refeed=False,
+                              compile=None if compile == "static" else compile, capacity=size, features=features)
+        t.buckets = tuple(sorted(set(t.buckets) | set(tree_sizes)))
+        return d if b else t
+
     with torch.inference_mode():
-        t = Runner(target, "target")
+        # static: every runner first (getting one from the pool resets the target's), then the target last
+        static_drafts = {b: static_runner(b) for b in sorted(set(batches))} if static else {}
+        t = static_runner(0, sizes) if static else Runner(target, "target")
         t.feed(context[:-1])
         past = t.length()
 
@@ -296,7 +318,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
             return call
 
         def draft_call(b: int):
-            d = (FeatureRunner if features else Runner)(draft, "draft")
+            d = static_drafts[b] if static else (FeatureRunner if features else Runner)(draft, "draft")
             H = getattr(getattr(draft, "config", None), "hidden_size", 0)
             if features:
                 d.feed(context, torch.zeros(len(context), H, dtype=d.dtype, device=d.device))
@@ -360,7 +382,8 @@ def cost_lines(costs: Costs) -> list[str]:
             f"predicted tokens/s = 1000 N / (runs P + (N / B - runs) S), S = T(1 + kL) + d(1) + (L - 1) d(k)"]
 
 
-def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command) -> list[str]:
+def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, n_prompts, command,
+               compile: str = "none") -> list[str]:
     import torch
     import transformers
 
@@ -370,7 +393,7 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
         return sum(p.numel() for p in m.parameters())
 
     return [
-        machine().line("eager (no compilation)"),
+        machine().line(step_line(compile)),
         f"platform: {platform.platform()}; python {platform.python_version()}",
         f"torch {torch.__version__} ({torch.get_num_threads()} threads); transformers {transformers.__version__}; "
         f"device {device}; dtype {dtype}",
@@ -382,8 +405,17 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
     ]
 
 
+def step_line(compile: str) -> str:
+    """How otm's rows run their step, for the machine line."""
+    if compile == "none":
+        return "eager step (no compilation)"
+    if compile == "static":
+        return "static-shape step, eager kernels (no compilation)"
+    return f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows; transformers' rows eager"
+
+
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
-              hf=True, peer_draft=None, progress=True, out=print, command="") -> list[Row]:
+              hf=True, peer_draft=None, progress=True, out=print, command="", compile: str = "none") -> list[Row]:
     """Run the table (see the module docstring) and print it with ``out``; returns the rows.
 
     ``peer_draft``: the draft of the ``hf assisted`` row when it is not ``draft`` (needed when
@@ -408,11 +440,11 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             if row.contender.kind == "hf_assisted":
                 row.contender = replace(row.contender, name="hf assisted (peer draft, defaults)")
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
-        _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft)
+        _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
     ours = [r.contender for r in rows if r.contender.kind == "speculative"]
     costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
                           [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling,
-                          prompt=prompts[0])
+                          prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -422,7 +454,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
             bar.set_postfix_str(c.name)
             cpu_start = time.process_time()
             new, calls, draft_calls, seconds, stats = _run(c, target, draft, ids, sampling, max_new_tokens, eos, run_seed,
-                                                           hf_draft)
+                                                           hf_draft, compile=compile)
             row.new_tokens += new
             row.target_calls += calls
             row.draft_calls += draft_calls
@@ -440,7 +472,8 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     dtype = next(target.parameters()).dtype
     for line in conditions(target, draft, dtype=dtype, device=next(target.parameters()).device, seed=seed,
-                           sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts), command=command):
+                           sampling=sampling, max_new_tokens=max_new_tokens, n_prompts=len(prompts), command=command,
+                           compile=compile):
         out(line)
     if isinstance(draft, FeatureDraft):
         out("draft: reads the target's features (EAGLE-style; embedding and head are the target's, not counted)")

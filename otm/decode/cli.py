@@ -32,6 +32,7 @@ from __future__ import annotations
 import sys
 
 from ..laws import OtmError
+from .steps import COMPILE_CHOICES, compile_options
 from .tree_registry import TREE_RULES
 
 DEFAULT_KS = "1,2,4,8"
@@ -104,6 +105,9 @@ def _common(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live figures / progress bar")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
+    p.add_argument("--compile", default="none", choices=COMPILE_CHOICES,
+                   help="the static-shape step compiled by torch.compile in this mode, once per shape (static: the "
+                        "static shapes, eager kernels; default none: the eager step)")
 
 
 def register(sub) -> None:
@@ -274,7 +278,7 @@ def cmd_decode(args) -> int:
 
         chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
                       lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
-                      scheme=scheme, sampling=sampling, seed=args.seed)
+                      scheme=scheme, sampling=sampling, seed=args.seed, compile=args.compile)
         print(chosen.line(), file=sys.stderr, flush=True)
         best = chosen.best
         args.autoregressive = best is None
@@ -282,11 +286,11 @@ def cmd_decode(args) -> int:
             args.k, args.length = best.k, best.length
     if args.autoregressive:
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
-                                  eos_token_id=eos, seed=args.seed, on_tokens=stream)
+                                  eos_token_id=eos, seed=args.seed, on_tokens=stream, **compile_options(args.compile))
     else:
         g = speculative_decode(target, draft, ids, k=args.k, length=args.length, verifier=args.verifier, scheme=scheme,
                                sampling=sampling, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-                               seed=args.seed, on_tokens=stream)
+                               seed=args.seed, on_tokens=stream, **compile_options(args.compile))
     final = tokenizer.decode(tokens, skip_special_tokens=True)
     if final.startswith(shown[0]):
         view.feed(final[len(shown[0]) :])
@@ -332,6 +336,7 @@ def cmd_bench(args) -> int:
         + (f" --threads {args.threads}" if args.threads else "")
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
         + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
+        + (f" --compile {args.compile}" if args.compile != "none" else "")
     )
     target, draft, tokenizer = _load(args)
     from .feature_draft import FeatureDraft
@@ -346,7 +351,7 @@ def cmd_bench(args) -> int:
         peer = load_draft(path, target)
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
-              peer_draft=peer, progress=not args.no_progress, command=command)
+              peer_draft=peer, progress=not args.no_progress, command=command, compile=args.compile)
     return 0
 
 

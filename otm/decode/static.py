@@ -315,8 +315,9 @@ class StaticFeatureRunner(StaticRunner):
 _POOL: "weakref.WeakKeyDictionary" = None
 
 
-def _pooled(model, key: tuple, make):
-    """The runner of ``model`` built for ``key``, made once per process (its compiled graphs are reused)."""
+def _pooled(model, key: tuple, buckets, make):
+    """The runner of ``model`` for ``key``, made once per process and reused (its compiled graphs with it);
+    its buckets grow to include ``buckets`` (a new size compiles on its first use)."""
     global _POOL
     if _POOL is None:
         _POOL = weakref.WeakKeyDictionary()
@@ -324,28 +325,34 @@ def _pooled(model, key: tuple, make):
     runner = runners.get(key)
     if runner is None:
         runner = runners[key] = make()
+    runner.buckets = tuple(sorted(set(runner.buckets) | set(buckets)))
     runner.cache.used, runner.calls, runner.last_features = 0, 0, None  # a fresh run over the same buffers
     return runner
+
+
+def capacity_for(positions: int) -> int:
+    """Static cache positions for runs of up to ``positions`` (prompt, new tokens, largest forward): a
+    multiple of 512, so runs of similar lengths share one cache and one compiled graph per shape."""
+    return -(-(int(positions) + 64) // 512) * 512
 
 
 def static_runners(target, draft, *, k: int, length: int, refeed: bool, compile, capacity: int, features: bool):
     """``(target runner, draft runner or None)`` of a static-shape run (the decoder's, :mod:`otm.decode.decoder`).
 
-    ``capacity`` is rounded up to a multiple of 256 (plus the largest forward), so runs of similar
-    lengths reuse one cache and one compiled graph per shape. The target's buckets are 1 and the
-    largest tree pass (:func:`buckets_for`); the draft's 1 and 2 (the tokens it is fed after a step),
-    over k rows.
+    One runner per model, role, cache size, compile mode (and the draft's k) per process: a later run
+    reuses its buffers and compiled graphs. The target's buckets gain 1 and the run's largest tree pass
+    (:func:`buckets_for`); the draft's are 1 and 2 (the tokens it is fed after a step), over k rows.
     """
     top = buckets_for(k, length, refeed)
-    room = -(-int(capacity) // 256) * 256 + top[-1] + 2
-    t = _pooled(target, ("target", room, top, compile, features), lambda: StaticRunner(
+    room = capacity_for(int(capacity) + top[-1])
+    t = _pooled(target, ("target", room, compile, features), top, lambda: StaticRunner(
         target, "target", capacity=room, buckets=top, compile=compile, with_features=features))
     if draft is None:
         return t, None
     cls = StaticFeatureRunner if features else StaticRunner
-    d = _pooled(draft, ("draft", room, k, compile), lambda: cls(
+    d = _pooled(draft, ("draft", room, k, compile), (1, 2), lambda: cls(
         draft, "draft", capacity=room, batch=k, buckets=(1, 2), compile=compile))
     return t, d
 
 
-__all__ = ["COMPILE_MODES", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "slot_cache", "static_runners"]
+__all__ = ["COMPILE_MODES", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "capacity_for", "slot_cache", "static_runners"]
