@@ -62,6 +62,10 @@ cases in one line.
 random choice of the first step of the real decoder (its exact-mode door,
 :class:`otm.decode.chance.Enumerated`). No rule may exceed :func:`tree_optimum`'s value.
 
+:func:`solve_tree_plan` (:func:`tree_plan` for models) returns an optimal plan itself, polished to
+float64 rounding, as the law of the block given the node set: the verifier
+:class:`otm.decode.tree_rules_tree_lp.TreeLP` draws from it in the decoder, reaching the optimum.
+
 The decoder-facing functions import ``otm.decode`` (torch) inside, so this module stays in the core.
 """
 
@@ -246,10 +250,25 @@ def _prefix_probs(target, L: int) -> dict[tuple, float]:
     return out
 
 
-def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_trees: int = MAX_TREES,
-                  max_variables: int = MAX_VARIABLES) -> TreeOptimum:
-    """:func:`tree_optimum` on laws ``prefix -> [V]`` (float64) instead of models."""
-    start = time.perf_counter()
+@dataclass
+class _TreeLP:
+    """The tree LP of :func:`solve_tree_lp` in coordinates: ``max cost . x`` s.t. ``A x = rhs``, ``x >= 0``."""
+
+    V: int
+    law: dict  # node set -> mu(S)
+    sets: list  # the node sets, in row order (row i is the marginal of sets[i])
+    pref: dict  # target probability of every sequence of length 0..L+1
+    cost: np.ndarray  # [n]: |b| of each column
+    R: list  # the matrix in triplets (row, column, value)
+    C: list
+    X: list
+    rhs: np.ndarray  # [n_rows]
+    col_group: list  # [n]: the node set (row) of each column
+    blocks: list  # [n]: the block b of each column
+
+
+def _build_tree_lp(target, draft, k: int, L: int, scheme: str, max_trees: int, max_variables: int) -> _TreeLP:
+    """Enumerate the node sets and write the LP of :func:`solve_tree_lp` (its docstring), refusing large cases."""
     if scheme not in SCHEMES:
         raise OtmError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
     for name, v in (("k", k), ("L", L)):
@@ -304,15 +323,179 @@ def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_tre
                 col_group.append(i)
                 blocks.append(b)
                 j += 1
-    cost = np.array(cost)
-    value, y, x, A = _solve(cost, np.array(R), np.array(C), np.array(X), rhs, n_rows)
+    return _TreeLP(V, law, sets, pref, np.array(cost), R, C, X, rhs, col_group, blocks)
+
+
+def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_trees: int = MAX_TREES,
+                  max_variables: int = MAX_VARIABLES) -> TreeOptimum:
+    """:func:`tree_optimum` on laws ``prefix -> [V]`` (float64) instead of models."""
+    start = time.perf_counter()
+    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables)
+    sets, cost, n_rows = lp.sets, lp.cost, lp.rhs.size
+    value, y, x, A = _solve(cost, np.array(lp.R), np.array(lp.C), np.array(lp.X), lp.rhs, n_rows)
     plan: dict[tuple, float] = {}
-    for b, w in zip(blocks, x):
+    for b, w in zip(lp.blocks, x):
         plan[b] = plan.get(b, 0.0) + max(float(w), 0.0)
-    bound = _certified_bound(A, cost, rhs, y, np.arange(len(sets)), np.array(col_group))
-    relax = transport_bound(law, target, L, pref)
-    return TreeOptimum(value, bound, relax, V, k, L, scheme, len(sets), j, n_rows, time.perf_counter() - start,
-                       plan)
+    bound = _certified_bound(A, cost, lp.rhs, y, np.arange(len(sets)), np.array(lp.col_group))
+    relax = transport_bound(lp.law, target, L, lp.pref)
+    return TreeOptimum(value, bound, relax, lp.V, k, L, scheme, len(sets), cost.size, n_rows,
+                       time.perf_counter() - start, plan)
+
+
+@dataclass
+class TreePlan:
+    r"""An optimal plan of the tree LP (:func:`solve_tree_plan`): the lossless verifier that reaches the optimum.
+
+    Given the step's node set S, emit the block b with probability ``conditional[S]``'s weight of b,
+    that is :math:`\pi(S, b) / \mu(S)`.
+    """
+
+    value: float
+    r"""Expected tokens per target call of the plan as returned (after polishing): :math:`\sum |b|\,\pi(S, b)`."""
+    solver_value: float
+    """HiGHS' objective (the LP optimum :attr:`TreeOptimum.value`); ``value`` differs by the polish only."""
+    V: int
+    k: int
+    L: int
+    scheme: str
+    tree_law: dict
+    """``{node set S: mu(S)}``: the law of the step's node set (:func:`tree_law`)."""
+    conditional: dict
+    """``{S: (blocks, weights [n])}``: the blocks the plan may emit given S and their probabilities (sum 1, > 0)."""
+    residual: float
+    r"""Largest violation of the LP's equality rows by the plan, written in conditional form
+    (:math:`\sum_b \pi(S,b)/\mu(S) = 1` and the lossless equations): float64 rounding, <= ``PLAN_TOLERANCE``."""
+    seconds: float
+
+    @property
+    def block_law(self) -> dict:
+        r"""``{b: g(b)}``, :math:`g(b) = \sum_S \mu(S)\,\pi(S, b)/\mu(S)` (the law of the emitted block)."""
+        g: dict[tuple, float] = {}
+        for S, (blocks, w) in self.conditional.items():
+            for b, x in zip(blocks, w):
+                g[b] = g.get(b, 0.0) + self.tree_law[S] * float(x)
+        return g
+
+
+PLAN_TOLERANCE = 1e-13
+"""Largest violation of the LP's rows (conditional form) :func:`solve_tree_plan` accepts after polishing."""
+
+SEED_GAP = 1e-6
+"""A node set whose conditional plan from HiGHS sums further than this from 1 is restarted from the root draw."""
+
+
+def _conditional_rows(lp: _TreeLP):
+    r"""``(M, b, col_mu)``: the LP's rows in the conditional variables :math:`r = \pi / \mu(S)`, ``M r = b``.
+
+    Columns scaled by their node set's mass; the node-set rows divided by it (:math:`\sum_b r(S, b) = 1`).
+    """
+    import scipy.sparse as sp
+
+    n_sets, n = len(lp.sets), lp.cost.size
+    mu = np.array([lp.law[S] for S in lp.sets])
+    col_mu = mu[np.asarray(lp.col_group)]  # [n]
+    rows, cols, vals = np.asarray(lp.R), np.asarray(lp.C), np.asarray(lp.X, dtype=np.float64)
+    vals = vals * col_mu[cols]  # column scaling: pi = mu(S) r
+    vals = np.where(rows < n_sets, vals / mu[np.minimum(rows, n_sets - 1)], vals)  # node-set rows: sum_b r = 1
+    M = sp.csc_matrix((vals, (rows, cols)), shape=(lp.rhs.size, n))
+    M.sum_duplicates()
+    b = lp.rhs.copy()
+    b[:n_sets] = 1.0
+    return M, b, col_mu
+
+
+def _polish(lp: _TreeLP, x: np.ndarray, rounds: int = 4) -> tuple[np.ndarray, float]:
+    r"""HiGHS' vertex made feasible to float64 rounding: ``(r, residual)``, :math:`r = \pi / \mu(S)`.
+
+    HiGHS meets the rows to its tolerance (1e-9), too loose for a verifier whose law must be the
+    target's to 1e-12. In the conditional variables r (columns scaled by their node set's mass,
+    the node-set rows divided by it: :math:`\sum_b r(S, b) = 1`), the columns HiGHS left at a
+    nonzero value are corrected by the least-norm step that meets every row (``lstsq`` on the
+    dense submatrix); a value pushed below 0 is set to 0 and dropped, and the step repeated. A node
+    set HiGHS left (nearly) empty (its mass below the solver's tolerance) first gets the target's
+    own draw at the root (:data:`SEED_GAP`).
+    """
+    M, b, col_mu = _conditional_rows(lp)
+    n_sets = len(lp.sets)
+    r = np.asarray(x, dtype=np.float64) / col_mu
+    group = np.asarray(lp.col_group)
+    # a node set of tiny mass (HiGHS' tolerances let it emit almost nothing, e.g. mu(S) = 6e-14) is given
+    # the target's own draw at the root, a lossless conditional law on its own; the step below
+    # moves the other columns by about mu(S) to meet the rows again
+    off = np.flatnonzero(np.abs(np.bincount(group, weights=r, minlength=n_sets) - 1.0) > SEED_GAP)
+    for i in off:
+        mine = group == i
+        r[mine] = 0.0
+        for j in np.flatnonzero(mine):
+            if len(lp.blocks[j]) == 1:
+                r[j] = lp.pref[lp.blocks[j]]
+    support = r != 0.0  # HiGHS returns its nonbasic columns at exactly 0
+    r[~support] = 0.0
+    for _ in range(rounds):
+        dense = M[:, np.flatnonzero(support)].toarray()  # [rows, |support|]
+        step = np.linalg.lstsq(dense, b - dense @ r[support], rcond=None)[0]
+        r[support] += step
+        negative = support & (r < 0.0)
+        if negative.any():
+            r[negative] = 0.0
+            support &= ~negative
+            continue
+        if float(np.abs(M @ r - b).max()) <= PLAN_TOLERANCE / 10:
+            break
+    return r, float(np.abs(M @ r - b).max())
+
+
+def solve_tree_plan(target, draft, k: int, L: int, scheme: str = "iid", *, max_trees: int = MAX_TREES,
+                    max_variables: int = MAX_VARIABLES, polish: bool = True) -> TreePlan:
+    r"""An optimal plan :math:`\pi(S, b)` of the tree LP (:func:`solve_tree_lp`) on laws ``prefix -> [V]``.
+
+    The LP is the one :func:`solve_tree_lp` solves (same enumeration, same HiGHS call); its vertex
+    is then polished (:func:`_polish`) so that the plan meets the LP's rows to float64 rounding
+    (``residual <= PLAN_TOLERANCE``, else a one-line OtmError), and returned as the law of the block
+    given the node set: the verifier :class:`otm.decode.tree_rules_tree_lp.TreeLP` draws from it.
+    ``polish=False`` returns HiGHS' vertex as it is (negative entries set to 0, no check), which meets
+    the rows only to the solver's tolerance: kept to show what the polish is for.
+
+    >>> from otm.decode.toy import ToyLM, model_law
+    >>> t, d = model_law(ToyLM(3, seed=0), [0, 2]), model_law(ToyLM(3, seed=1), [0, 2])
+    >>> plan = solve_tree_plan(t, d, 2, 1)
+    >>> abs(plan.value - solve_tree_lp(t, d, 2, 1).value) < 1e-9, plan.residual < 1e-13
+    (True, True)
+    """
+    start = time.perf_counter()
+    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables)
+    value, _, x, _ = _solve(lp.cost, np.array(lp.R), np.array(lp.C), np.array(lp.X), lp.rhs, lp.rhs.size)
+    if polish:
+        r, residual = _polish(lp, x)
+    else:
+        M, b, col_mu = _conditional_rows(lp)
+        r = np.maximum(np.asarray(x, dtype=np.float64), 0.0) / col_mu
+        residual = float(np.abs(M @ r - b).max())
+    if polish and (residual > PLAN_TOLERANCE or not (r >= 0.0).all()):
+        raise OtmError(f"the tree LP's plan at k = {k}, L = {L} ({scheme}) meets its rows only to {residual:.2g} after "
+                       f"polishing (need {PLAN_TOLERANCE:g}): report these laws")
+    conditional: dict = {}
+    for j in np.flatnonzero(r > 0.0):
+        conditional.setdefault(lp.sets[lp.col_group[j]], []).append((lp.blocks[j], float(r[j])))
+    out = {}
+    for S, pairs in conditional.items():
+        w = np.array([x for _, x in pairs])
+        out[S] = (tuple(b for b, _ in pairs), w / w.sum())
+    if polish and len(out) != len(lp.sets):
+        raise OtmError(f"the tree LP's plan at k = {k}, L = {L} ({scheme}) emits nothing for some node set: report "
+                       "these laws")
+    plan_value = float(sum(lp.law[S] * sum(len(b) * x for b, x in zip(bs, w)) for S, (bs, w) in out.items()))
+    return TreePlan(plan_value, value, lp.V, k, L, scheme, dict(lp.law), out, residual, time.perf_counter() - start)
+
+
+def tree_plan(target_lm, draft_lm, prompt, k: int, L: int, scheme: str = "iid", sampling=None, *,
+              max_trees: int = MAX_TREES, max_variables: int = MAX_VARIABLES) -> TreePlan:
+    """:func:`solve_tree_plan` for two causal LMs after ``prompt`` (laws by :func:`otm.decode.toy.model_law`,
+    processed by ``sampling``), as :func:`tree_optimum` is for :func:`solve_tree_lp`."""
+    from ..decode.toy import model_law
+
+    return solve_tree_plan(model_law(target_lm, prompt, sampling), model_law(draft_lm, prompt, sampling), k, L, scheme,
+                           max_trees=max_trees, max_variables=max_variables)
 
 
 def transport_bound(law: dict[frozenset, float], target, L: int, pref: dict | None = None) -> float:
@@ -423,9 +606,17 @@ RULES = {
     ("optimal", "iid"): None,
     ("traversal", "iid"): None,
     ("traversal", "without_replacement"): None,
+    ("layer", "iid"): None,
+    ("layer", "without_replacement"): None,
+    ("spectr_gbv", "iid"): None,
+    ("spectr_gbv", "without_replacement"): None,
+    ("gbv", "iid"): None,
+    ("hsd", "iid"): 1,
+    ("hsd_code", "iid"): 1,
 }
 """The decoder's rules compared with the optimum, with the k each takes (None: any)."""
 
 
-__all__ = ["MAX_TREES", "MAX_VARIABLES", "RULES", "TreeOptimum", "rule_block_law", "rule_tokens_per_call",
-           "draft_rows", "solve_tree_lp", "transport_bound", "tree_law", "tree_optimum"]
+__all__ = ["MAX_TREES", "MAX_VARIABLES", "PLAN_TOLERANCE", "RULES", "TreeOptimum", "TreePlan", "rule_block_law",
+           "rule_tokens_per_call", "draft_rows", "solve_tree_lp", "solve_tree_plan", "transport_bound", "tree_law",
+           "tree_optimum", "tree_plan"]

@@ -224,6 +224,16 @@ def _int_or_auto(text: str):
         raise argparse.ArgumentTypeError(f"must be a whole number or auto, got {text!r}") from None
 
 
+def _warn_refuted(verifiers) -> None:
+    """One line on stderr per refuted rule asked for: it runs (to reproduce its refutation), not losslessly."""
+    from .tree_registry import refuted
+
+    for v in verifiers:
+        if refuted(v):
+            print(f"otm: warning: {v} is refuted, its tokens do not follow the target's law ({refuted(v)}); "
+                  "it runs to reproduce the refutation", file=sys.stderr)
+
+
 def cmd_decode(args) -> int:
     from .bench import encode_prompt
     from .decoder import autoregressive_decode, resolve_verifiers, speculative_decode
@@ -241,6 +251,7 @@ def cmd_decode(args) -> int:
             resolve_verifiers(args.verifier, scheme, k)  # refuse a bad combination before loading models
     if args.max_new_tokens < 1:
         raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _warn_refuted([] if args.autoregressive else [args.verifier])
     target, draft, tokenizer = _load(args)
     ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
     import json
@@ -323,6 +334,7 @@ def cmd_bench(args) -> int:
     bad = [v for v in verifiers if v not in known]
     if bad:
         raise OtmError(f"unknown verifier {bad[0]!r} for bench-decode: choose among {', '.join(known)} (k = 1 rows run anyway)")
+    _warn_refuted(verifiers)
     if not 1 <= args.prompts <= len(PROMPTS):
         raise OtmError(f"--prompts must lie in 1..{len(PROMPTS)}, got {args.prompts}")
     if args.max_new_tokens < 1:

@@ -237,14 +237,18 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
     return root, root, verifier
 
 
-def resolve_rule(verifier, scheme: str, k: int) -> TreeRule:
+def resolve_rule(verifier, scheme: str, k: int, *, target=None, draft=None, sampling=None) -> TreeRule:
     """The tree rule of a run: a whole-tree rule by name (``"block"``), else SpecTr's level-by-level
-    walk with the token-level verifiers of :func:`resolve_verifiers`."""
+    walk with the token-level verifiers of :func:`resolve_verifiers`. A registered rule that needs the
+    run's models (``tree_lp``) is made with ``target``, ``draft`` and ``sampling``."""
     root, deep, name = resolve_verifiers(verifier, scheme, k)
     if isinstance(verifier, TreeRule):
         return verifier
     if root is None:
-        return TREE_RULES[name].make()
+        spec = TREE_RULES[name]
+        if spec.needs_models:
+            return spec.make(target_lm=target, draft_lm=draft, sampling=sampling)
+        return spec.make()
     return LevelByLevel(root, deep, name)
 
 
@@ -289,6 +293,7 @@ class _Decoder:
         self.max_new, self.eos = max_new_tokens, eos
         self.chance = chance  # every random choice goes through it (otm.decode.chance)
         self.target_rollback = target_rollback
+        self.committed = list(prompt)  # every committed token (prompt and output so far; the last is the root)
         self.pending_target = list(prompt)  # committed tokens not in the target cache (last = root)
         self.pending_draft = list(prompt)  # committed tokens not in the draft cache
         self.V = None
@@ -448,6 +453,7 @@ class _Decoder:
         t2 = time.perf_counter()
         self.phase("verify")
         emitted, path = self.walk(tree, drafts, target_laws)
+        self.committed.extend(emitted)
         t3 = time.perf_counter()
         self.phase("rollback")
         # 5. rollback. Target: keep the committed context and the accepted path, or refeed it.
@@ -617,7 +623,7 @@ def speculative_decode(
     length = _check_positive(length, "length", "draft depth L")
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
-    rule = resolve_rule(verifier, scheme, k)
+    rule = resolve_rule(verifier, scheme, k, target=target, draft=draft, sampling=sampling)
     if target_rollback not in ROLLBACKS:
         raise OtmError(f"target_rollback must be one of {', '.join(ROLLBACKS)}, got {target_rollback!r}")
     _check_models(target, draft)

@@ -25,6 +25,8 @@ class TreeRuleSpec:
     schemes: tuple[str, ...]
     chain_only: bool = False  # True: one draft chain (k = 1), like block verification
     summary: str = ""
+    refuted: str = ""  # not lossless: why, in one line (kept registered so the refutation can be reproduced)
+    needs_models: bool = False  # made with the run's models and sampling (target_lm=, draft_lm=, sampling=)
 
     def make(self, **options):
         """A fresh instance of the rule (``options``: its keyword arguments)."""
@@ -39,9 +41,32 @@ TREE_RULES: dict[str, TreeRuleSpec] = {
                      summary="block verification of one chain (Sun et al., ICLR 2025)"),
         TreeRuleSpec("traversal", ".tree_rules:Traversal", ("iid", "without_replacement"),
                      summary="traversal verification, leaves first (Weng et al., NeurIPS 2025)"),
+        TreeRuleSpec("spectr_gbv", ".tree_rules_spectr_gbv:SpectrGbv", ("iid", "without_replacement"),
+                     summary="K draft blocks verified in turn with block verification (a reading of Lin et al., "
+                             "arXiv 2604.25925)"),
+        TreeRuleSpec("gbv", ".tree_rules_gbv:GBV", ("iid",),
+                     summary="greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961)"),
+        TreeRuleSpec("hsd", ".tree_rules_hsd:Hsd", ("iid",), chain_only=True,
+                     summary="hierarchical speculative decoding of one chain, as the paper states it (arXiv 2601.05724)",
+                     refuted="its top level accepts the whole chain with min(1, p(X)/q(X)) uncapped by the earlier "
+                             "prefix ratios: law error 0.015 at V = 2, L = 2 (docs/audit.md)"),
+        TreeRuleSpec("hsd_code", ".tree_rules_hsd:HsdCode", ("iid",), chain_only=True,
+                     summary="hierarchical speculative decoding of one chain, as its public code computes it",
+                     refuted="the same law as hsd (docs/audit.md)"),
+        TreeRuleSpec("tree_lp", ".tree_rules_tree_lp:shared_tree_lp", ("iid", "without_replacement"),
+                     needs_models=True,
+                     summary="the one-step tree LP's optimal plan (toy LMs only: the LP needs every law; "
+                             "otm.analysis.tree_optimum)"),
+        TreeRuleSpec("layer", ".tree_rules_layer:Layer", ("iid", "without_replacement"), summary="layer verification: the optimal single-step verifier lifted to the tree, layer by layer (Cha, Cho & Yun, AdaptFM @ ICML 2026; reconstructed from the abstract); other steps: Layer(step=...)"),
     )
 }
 """Whole-tree rules by name, beside the token-level verifiers (:data:`otm.torch.VERIFIERS`)."""
+
+
+def refuted(name: str) -> str:
+    """Why the registered rule ``name`` is not lossless ("" for a certified rule or an unknown name)."""
+    spec = TREE_RULES.get(name)
+    return spec.refuted if spec is not None else ""
 
 
 def tree_rule_names(scheme: str) -> tuple[str, ...]:
@@ -49,4 +74,4 @@ def tree_rule_names(scheme: str) -> tuple[str, ...]:
     return tuple(name for name, spec in TREE_RULES.items() if scheme in spec.schemes)
 
 
-__all__ = ["TREE_RULES", "TreeRuleSpec", "tree_rule_names"]
+__all__ = ["TREE_RULES", "TreeRuleSpec", "refuted", "tree_rule_names"]

@@ -1,0 +1,56 @@
+r"""GBV, greedy multi-path block verification (Thomas & Pal, arXiv 2602.16961), as a decoder tree rule.
+
+The rule (its math, source and proof of exactness: :mod:`otm.tree_verifiers.gbv`): rank the tokens
+at every node by :math:`p/q` (ties by token id), take the lexicographically largest of the K draft
+rows, and run block verification (:class:`otm.decode.tree_rules.Block`) on it with the *skewed*
+draft law :math:`\tilde q` (the law of the maximum of K i.i.d. rows) in place of q. K = 1 is
+block verification. Exact for i.i.d. rows (scheme ``iid``); not for root tokens drawn without
+replacement (the skewed law is that of i.i.d. rows), so registered for ``iid`` only.
+
+The arithmetic is numpy float64 (:func:`otm.tree_verifiers.gbv.gbv_decision`); the rule draws its
+one decision (the accepted length :math:`\tau`), the residual token and the bonus through the
+decoder's door of chance, so the exact mode enumerates it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..laws import OtmError
+from ..tree_verifiers.gbv import gbv_decision
+from .tree_rules import TreeRule
+
+
+class GBV(TreeRule):
+    """Greedy multi-path block verification of the step's K i.i.d. draft rows (module docstring)."""
+
+    name = "gbv"
+
+    def walk(self, dec, tree, drafts, target_laws):
+        if not tree.children[0]:  # no drafts this step: the target's own draw
+            return [dec.bonus(tree, 0, target_laws)], []
+        device = target_laws.device
+
+        def host(law):
+            return law.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+
+        K = len(tree.rows_through[0])  # the step's rows
+        path, tau_law, residuals = gbv_decision(
+            tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)), K)
+        gamma = int(path.chain.size)
+        tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
+        for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau (as Block counts them)
+            dec.stats.verified_by_depth[depth] += 1
+        for depth in range(tau):
+            dec.stats.accepted_by_depth[depth] += 1
+        emitted = path.chain[:tau].tolist()
+        if tau == gamma:
+            emitted.append(dec.bonus(tree, path.nodes[-1], target_laws))
+        else:
+            if not residuals[tau].sum() > 0:
+                raise OtmError(f"GBV drew tau = {tau} whose residual has no mass: report this law")
+            emitted.append(dec.chance.index(torch.from_numpy(residuals[tau]).to(device)[None]))
+        return emitted, path.nodes[1 : tau + 1]
+
+
+__all__ = ["GBV"]
