@@ -133,19 +133,29 @@ def _traced(self, fn):
 
 
 def test_compiled_static_step_gives_the_same_tokens(monkeypatch, capsys):
+    """Same tokens compiled and eager; one graph per bucket and model (target 1 and 1 + kL, draft 1 and 2),
+    whatever the strides of the decoder's inputs (a slice of the draft rows once compiled a graph per step
+    shape: caught here as extra graphs), and nothing compiled again in a second run."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
     target, draft = _llama(2), _llama(3)
     prompt = list(range(1, 9))
     options = dict(k=3, length=2, verifier="kseq", max_new_tokens=24, seed=7)
     a = speculative_decode(target, draft, prompt, **options)
+    torch._dynamo.reset()
+    counters.clear()
     b = speculative_decode(target, draft, prompt, compile="default", **options)
     assert a.tokens == b.tokens
+    runners = [r for model in (target, draft) for r in static._POOL[model].values()]
+    graphs = sum(len(r.shapes) for r in runners)  # the buckets each runner compiled
+    assert counters["stats"]["unique_graphs"] == graphs <= 4
     err = capsys.readouterr().err
     assert "compiling the target's step for 7 positions" in err and "compiling the draft's step" in err
-    runner = static._POOL[target][next(iter(static._POOL[target]))]
-    assert runner.shapes <= {1, 7}  # one graph per bucket: 1 and the largest tree (1 + k L)
+    assert runners[0].shapes <= {1, 7}  # the target: one graph per bucket, 1 and the largest tree (1 + k L)
     c = speculative_decode(target, draft, prompt, compile="default", **options)  # a second run: nothing recompiles
     assert c.tokens == a.tokens and "compiling" not in capsys.readouterr().err
+    assert counters["stats"]["unique_graphs"] == graphs
     ar = autoregressive_decode(target, prompt, max_new_tokens=12, seed=2)
     assert autoregressive_decode(target, prompt, max_new_tokens=12, seed=2, compile="default").tokens == ar.tokens
 

@@ -127,6 +127,12 @@ def _slot_cache_class():
     return _CLASS
 
 
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    """A copy with the standard strides (``contiguous()`` keeps odd strides of size-1 dimensions, which
+    a compiled graph is guarded on too)."""
+    return x.new_empty(x.shape).copy_(x)
+
+
 def buckets_for(k: int, length: int, refeed: bool = False) -> tuple[int, int]:
     """The target's two forward sizes of a run: 1 (autoregressive steps) and its largest tree pass.
 
@@ -165,6 +171,7 @@ class StaticRunner(Runner):
         super().__init__(model, role)
         self.with_features = with_features
         self.last_features = None
+        self.dynamic = os.environ.get("OTM_COMPILE_DYNAMIC") == "1"  # experiment: symbolic sizes, no padding
         if compile is not None and compile not in COMPILE_MODES:
             raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         self.cache = slot_cache(capacity, batch)
@@ -187,6 +194,8 @@ class StaticRunner(Runner):
                           **{self.cache_kw: self.cache}, **extra).logits
 
     def _bucket(self, q: int) -> int | None:
+        if self.dynamic:  # one graph for every size up to the largest bucket: no padding
+            return q if q <= self.buckets[-1] else None
         return next((b for b in self.buckets if b >= q), None)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None, keep: int = 0):
@@ -234,6 +243,10 @@ class StaticRunner(Runner):
             ids = torch.cat([ids.new_zeros((self.batch, pad)), ids], 1)
             positions = torch.cat([positions.new_zeros((self.batch, pad)), positions], 1)
             inputs = {n: torch.cat([x.new_zeros((self.batch, pad, *x.shape[2:])), x], 1) for n, x in inputs.items()}
+        # contiguous inputs: a compiled graph is guarded on strides too (a slice of the draft rows or an
+        # expanded context would compile a graph of its own)
+        ids, positions = _fresh(ids), _fresh(positions)
+        inputs = {n: _fresh(x) for n, x in inputs.items()}
         self.cache.slots = torch.cat([scratch, real]).to(self.device)
         compiled = Q is not None and self.mode is not None
         # a compiled graph is specialised on every Python value: all logits are kept, so one graph per bucket
@@ -281,7 +294,16 @@ class StaticRunner(Runner):
     def _compiled(self, fn):
         if self.compiled is None:
             _inductor_cache()
-            self.compiled = torch.compile(fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
+            # on the CPU, inductor's freezing folds the weights into the graph and prepacks them for oneDNN's
+            # GEMMs: measured on the 2-core AVX512-BF16 VM (bfloat16), a 9-position tree then costs T(1)
+            # (1.00 T(1), eager 1.26) where the unfrozen graph gave no gain (docs/decode.md)
+            if self.device.type == "cpu":  # a mode's own options, plus freezing (torch takes a mode or options)
+                from torch._inductor import list_mode_options
+
+                options = {**list_mode_options(self.mode), "freezing": True}
+                self.compiled = torch.compile(fn, dynamic=self.dynamic, options=options)
+            else:
+                self.compiled = torch.compile(fn, mode=None if self.mode == "default" else self.mode, dynamic=self.dynamic)
         return self.compiled
 
     def keep_path(self, length: int, path: list[int]) -> None:
