@@ -345,10 +345,11 @@ def _demo_decode(args) -> int:
     name = str(dtype).removeprefix("torch.")
     command = (f"otm bench-decode --k {','.join(map(str, g['ks']))} --length {','.join(map(str, g['lengths']))} "
                f"--verifiers {','.join(g['verifiers'])} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-               f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1")
+               f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1"
+               + (f" --compile {args.compile}" if args.compile != "none" else ""))
     rows = run_bench(target, draft, tokenizer, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"],
                      sampling=Sampling(), max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
-                     hf=False, progress=True, command=command)
+                     hf=False, progress=True, command=command, compile=args.compile)
     ar = next(r for r in rows if r.contender.kind == "autoregressive")
     best = best_speculative(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -416,6 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompts", type=int, default=2, choices=range(1, 9), metavar="N",
                       help="prompts of the fixed set to decode (1-8, default 2)")
     demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt and contender (default 48)")
+    from .decode.steps import COMPILE_CHOICES
+
+    demo.add_argument("--compile", default="none", choices=COMPILE_CHOICES,
+                      help="every contender's step compiled by torch.compile in this mode (default none: eager; "
+                           "the first run compiles each shape once, about 30 s each on 2 cores)")
     demo.set_defaults(func=_cmd_demo)
     from .analysis import cli as analysis_cli
     from .decode import cli as decode_cli  # imports no torch until a command runs

@@ -152,7 +152,7 @@ def test_compiled_static_step_gives_the_same_tokens(monkeypatch, capsys):
     assert counters["stats"]["unique_graphs"] == graphs <= 4
     err = capsys.readouterr().err
     assert "compiling the target's step for 7 positions" in err and "compiling the draft's step" in err
-    assert runners[0].shapes <= {1, 7}  # the target: one graph per bucket, 1 and the largest tree (1 + k L)
+    assert runners[0].shapes <= {3, 7}  # the target: one graph per bucket, MIN_ROWS and the largest tree (1 + k L)
     c = speculative_decode(target, draft, prompt, compile="default", **options)  # a second run: nothing recompiles
     assert c.tokens == a.tokens and "compiling" not in capsys.readouterr().err
     assert counters["stats"]["unique_graphs"] == graphs
@@ -190,3 +190,15 @@ def test_cli_decode_and_bench_with_the_static_step(tmp_path, capsys):
                  "--compile", "static", *common]) == 0
     out = capsys.readouterr().out
     assert "static-shape step, eager kernels" in out and "kseq k=2 L=2" in out and "--compile static" in out
+
+
+def test_warm_compiles_every_bucket_once_and_leaves_the_cache_as_it_was(monkeypatch):
+    monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
+    target = _llama(4)
+    runner = static.StaticRunner(target, "target", capacity=64, buckets=(1, 5), compile="default", progress=None)
+    with torch.inference_mode():
+        runner.feed([1, 2, 3])
+    before = [k[:, :, :3].clone() for k in runner.cache.keys]
+    runner.warm()
+    assert runner.shapes == {static.MIN_ROWS, 5} and runner.length() == 3
+    assert all(torch.equal(k[:, :, :3], b) for k, b in zip(runner.cache.keys, before))

@@ -65,6 +65,7 @@ class Contender:
     length: int = 0
     verifier: str = ""
     scheme: str = ""
+    delay: int = 0  # a delayed tree's shared path (speculative_decode's delay; k >= 2 rows only)
 
 
 @dataclass
@@ -99,8 +100,9 @@ SCHEME_VARIANTS = {"traversal_without_replacement": ("traversal", "without_repla
 """Bench names of a rule run on the other draft scheme: name -> (verifier, scheme)."""
 
 
-def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
-    """The bench's rows: autoregressive, HF assisted, k = 1 per L (speculative, and block when asked), then k x L per verifier."""
+def contenders(ks, lengths, verifiers, *, hf: bool = True, delay: int = 0) -> list[Contender]:
+    """The bench's rows: autoregressive, HF assisted, k = 1 per L (speculative, and block when asked), then k x L per verifier
+    (with ``delay`` > 0: delayed trees, the lengths L > delay only)."""
     from .decoder import VERIFIERS
     from .tree_registry import TREE_RULES
 
@@ -122,7 +124,10 @@ def contenders(ks, lengths, verifiers, *, hf: bool = True) -> list[Contender]:
             if k == 1:
                 continue
             for L in lengths:
-                rows.append(Contender(f"{v} k={k} L={L}", "speculative", k, L, verifier, scheme))
+                if delay and L <= delay:
+                    continue  # a delayed tree needs L > delay
+                name = f"{v} k={k} L={L}" + (f" delay={delay}" if delay else "")
+                rows.append(Contender(name, "speculative", k, L, verifier, scheme, delay))
     return rows
 
 
@@ -191,7 +196,7 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
                                   count_host_reads=count_host_reads, **step)
     else:
         g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier, scheme=c.scheme,
-                               sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
+                               delay=c.delay, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
                                count_host_reads=count_host_reads, **step)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
@@ -227,16 +232,20 @@ class Costs:
             return self.target_ms[lo]
         return self.target_ms[lo] + (n - lo) * (self.target_ms[hi] - self.target_ms[lo]) / (hi - lo)
 
-    def step_ms(self, k: int, length: int) -> float:
+    def step_ms(self, k: int, length: int, delay: int = 0) -> float:
         """ms of one step of k rows of depth L: a target call on 1 + k L positions (the most a tree of
-        k rows can have) and L draft calls (the first at batch 1, the next L - 1 at batch k)."""
+        k rows can have) and L draft calls (the first at batch 1, the next L - 1 at batch k). A delayed tree
+        (shared path of ``delay`` = L1 tokens): 1 + L1 + k (L - L1) positions, 1 + L1 draft calls at batch 1
+        and L - L1 - 1 at batch k."""
         if length == 0:
             return self.target(1)
-        return self.target(1 + k * length) + self.draft_ms[1] + (length - 1) * self.draft_ms[k]
+        rest = length - delay - 1  # draft calls at batch k
+        return self.target(1 + delay + k * (length - delay)) + (1 + delay) * self.draft_ms[1] + (
+            rest * self.draft_ms[k] if rest else 0.0)
 
 
 def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, costs: Costs, *,
-                                new_tokens: int = 0, runs: int = 0) -> float:
+                                new_tokens: int = 0, runs: int = 0, delay: int = 0) -> float:
     r"""Tokens/s the cost model predicts from the measured block efficiency B (tokens per target call).
 
     Steady state (``runs = 0``): :math:`1000 B / S` with the step time
@@ -253,7 +262,7 @@ def predicted_tokens_per_second(block_efficiency: float, k: int, length: int, co
     >>> round(predicted_tokens_per_second(1.0, 1, 0, c, new_tokens=64, runs=1), 2)  # 64000 / (300 + 63 * 50)
     18.55
     """
-    step = costs.step_ms(k, length)
+    step = costs.step_ms(k, length, delay)
     if not runs:
         return 1000.0 * block_efficiency / step
     calls = new_tokens / block_efficiency
@@ -415,7 +424,8 @@ def step_line(compile: str) -> str:
 
 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
-              hf=True, peer_draft=None, progress=True, out=print, command="", compile: str = "none") -> list[Row]:
+              hf=True, peer_draft=None, progress=True, out=print, command="", compile: str = "none",
+              delay: int = 0) -> list[Row]:
     """Run the table (see the module docstring) and print it with ``out``; returns the rows.
 
     ``peer_draft``: the draft of the ``hf assisted`` row when it is not ``draft`` (needed when
@@ -428,7 +438,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
 
     prompts = [encode_prompt(tokenizer, p) for p in PROMPTS[:n_prompts]]
     eos = tokenizer.eos_token_id
-    rows = [Row(c) for c in contenders(ks, lengths, verifiers, hf=hf)]
+    rows = [Row(c) for c in contenders(ks, lengths, verifiers, hf=hf, delay=delay)]
     hf_draft = draft if peer_draft is None else peer_draft
     if hf and isinstance(hf_draft, FeatureDraft):
         raise OtmError("transformers' assisted generation cannot run a draft that reads the target's features: "
@@ -442,9 +452,15 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
     ours = [r.contender for r in rows if r.contender.kind == "speculative"]
+    if compile not in ("none", "static"):  # every compiled shape now, so that no row's time includes compilation
+        from .static import warm_all
+
+        warm_all(target, draft)
     costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
-                          [1] + [1 + c.k * c.length for c in ours], [1] + [c.k for c in ours], sampling=sampling,
+                          [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours], [1] + [c.k for c in ours], sampling=sampling,
                           prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
+    if compile not in ("none", "static"):
+        warm_all(target, draft)  # the cost model's sizes
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):
@@ -531,7 +547,7 @@ def _predicted(r: Row, costs: Costs | None) -> str:
     if costs is None or c.kind == "hf_assisted" or not r.target_calls:
         return "-"
     length = c.length if c.kind == "speculative" else 0
-    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs, new_tokens=r.new_tokens, runs=r.runs):.1f}"
+    return f"{predicted_tokens_per_second(r.block_efficiency if length else 1.0, c.k, length, costs, new_tokens=r.new_tokens, runs=r.runs, delay=c.delay if length else 0):.1f}"
 
 
 def format_table(rows: list[Row], costs: Costs | None = None) -> str:

@@ -40,6 +40,11 @@ import torch
 from ..laws import OtmError
 from .runner import Runner
 
+MIN_ROWS = 3
+"""Fewest rows (batch x positions) a compiled forward takes on the CPU: inductor's single-row graph was
+slower than its three-row one on the 2-core AVX512-BF16 VM (bfloat16, frozen weights: T(1) 28.7 ms,
+T(3) 20.5 ms; eager T(1) 27.8 ms), so a one-token step is padded to three rows."""
+
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 """``torch.compile`` modes the static step takes (``None``: the static shapes, eager kernels)."""
 
@@ -171,12 +176,13 @@ class StaticRunner(Runner):
         super().__init__(model, role)
         self.with_features = with_features
         self.last_features = None
-        self.dynamic = os.environ.get("OTM_COMPILE_DYNAMIC") == "1"  # experiment: symbolic sizes, no padding
         if compile is not None and compile not in COMPILE_MODES:
             raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
         self.cache = slot_cache(capacity, batch)
         self.batch, self.capacity = int(batch), int(capacity)
-        self.buckets = tuple(sorted(set(int(b) for b in buckets)))
+        compiled_cpu = compile is not None and self.device.type == "cpu"
+        self.min_q = -(-MIN_ROWS // self.batch) if compiled_cpu else 1
+        self.buckets = tuple(sorted(set(int(b) for b in buckets) | {self.min_q}))
         self.mode, self.progress = compile, progress
         self.compiled = None
         self.shapes: set[int] = set()  # bucket sizes already compiled (first call of each compiles)
@@ -194,9 +200,10 @@ class StaticRunner(Runner):
                           **{self.cache_kw: self.cache}, **extra).logits
 
     def _bucket(self, q: int) -> int | None:
-        if self.dynamic:  # one graph for every size up to the largest bucket: no padding
-            return q if q <= self.buckets[-1] else None
-        return next((b for b in self.buckets if b >= q), None)
+        if q > self.buckets[-1]:
+            return None
+        need = max(q, self.min_q)  # compiled on the CPU: at least MIN_ROWS rows per GEMM
+        return next(b for b in self.buckets if b >= need)  # min_q is a bucket: there is one
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None, keep: int = 0):
         """Logits ``[b, q', V]`` of ``ids [b, q]`` at ``positions [b, q]`` (as :meth:`Runner.forward`).
@@ -301,10 +308,28 @@ class StaticRunner(Runner):
                 from torch._inductor import list_mode_options
 
                 options = {**list_mode_options(self.mode), "freezing": True}
-                self.compiled = torch.compile(fn, dynamic=self.dynamic, options=options)
+                self.compiled = torch.compile(fn, dynamic=False, options=options)
             else:
-                self.compiled = torch.compile(fn, mode=None if self.mode == "default" else self.mode, dynamic=self.dynamic)
+                self.compiled = torch.compile(fn, mode=None if self.mode == "default" else self.mode, dynamic=False)
         return self.compiled
+
+    def warm(self) -> None:
+        """Compile every bucket not compiled yet (a forward of that many placeholder tokens after the
+        committed context, then rolled back), so that no later call pays for compilation (benchmarks)."""
+        if self.mode is None:
+            return
+        for Q in self.buckets:
+            if Q < self.min_q or Q in self.shapes:
+                continue
+            used = self.cache.used
+            ids = torch.zeros((self.batch, Q), dtype=torch.int64, device=self.device)
+            positions = (used + torch.arange(Q, device=self.device))[None].expand(self.batch, Q)
+            with torch.inference_mode():
+                self._warm_call(ids, positions)
+            self.truncate(used)
+
+    def _warm_call(self, ids, positions):
+        self.forward(ids, positions)
 
     def keep_path(self, length: int, path: list[int]) -> None:
         self.cache.keep_path(length, path)
@@ -330,6 +355,10 @@ class StaticFeatureRunner(StaticRunner):
     def feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         return self.forward(*self.chain(tokens), features[None].to(self.dtype))[:, -1]
 
+    def _warm_call(self, ids, positions):
+        H = self.model.config.hidden_size
+        self.forward(ids, positions, torch.zeros((*ids.shape, H), dtype=self.dtype, device=self.device))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden)
 
@@ -350,6 +379,13 @@ def _pooled(model, key: tuple, buckets, make):
     runner.buckets = tuple(sorted(set(runner.buckets) | set(buckets)))
     runner.cache.used, runner.calls, runner.last_features = 0, 0, None  # a fresh run over the same buffers
     return runner
+
+
+def warm_all(*models) -> None:
+    """:meth:`StaticRunner.warm` every pooled runner of ``models`` (their compiled steps, every bucket)."""
+    for model in models:
+        for runner in (_POOL or {}).get(model, {}).values():
+            runner.warm()
 
 
 def capacity_for(positions: int) -> int:
@@ -377,4 +413,4 @@ def static_runners(target, draft, *, k: int, length: int, refeed: bool, compile,
     return t, d
 
 
-__all__ = ["COMPILE_MODES", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "capacity_for", "slot_cache", "static_runners"]
+__all__ = ["COMPILE_MODES", "MIN_ROWS", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "capacity_for", "slot_cache", "static_runners", "warm_all"]
