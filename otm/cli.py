@@ -268,11 +268,13 @@ def _cmd_certify(args) -> int:
         rule = load_rule(args.rule)
     target = parse_law(args.target, "target") if args.target is not None else None
     draft = parse_law(args.draft, "draft") if args.draft is not None else None
-    if args.kind != "decoder" and args.length is not None:
-        raise OtmError("--length applies to --kind decoder only")
+    if args.kind != "decoder" and (args.length is not None or args.delay is not None):
+        raise OtmError("--length and --delay apply to --kind decoder only")
     if args.kind == "decoder" and (target is not None or draft is not None):
         raise OtmError("--target/--draft apply to token-level kinds (law, sampler, torch), not to --kind decoder")
     extra = {"length": args.length} if args.length is not None else {}
+    if args.delay is not None:
+        extra["delay"] = args.delay
     progress = not args.json and not args.no_progress and sys.stderr.isatty()
     report = certify(rule, kind=args.kind, scheme=args.scheme, k=args.k, tv=args.tv, alpha=args.alpha, seed=args.seed,
                      target=target, draft=draft, examples=args.examples, progress=progress, name=args.rule, **extra)
@@ -407,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--target", help="check this one target law (comma-separated) instead of the bank")
     cert.add_argument("--draft", help="the draft law of that one case")
     cert.add_argument("--length", type=int, default=None, help="decoder kind: draft depth L")
+    cert.add_argument("--delay", type=int, default=None,
+                      help="decoder kind: a delayed tree, one shared path of this many tokens before the k rows branch")
     cert.add_argument("--json", action="store_true", help="print one JSON object")
     cert.add_argument("--no-progress", action="store_true", help="no progress bar")
     cert.set_defaults(func=_cmd_certify)

@@ -8,7 +8,9 @@ math, the sources and the proofs of exactness are in :mod:`otm.decode.tree_rules
 
 A *tree* here is any object with ``tokens`` (token of each node, node 0 the root), ``node_of``
 (``[k, L + 1]``: the node of row j at depth t; numpy or torch) and ``rows_through`` (per node, the
-rows through it in increasing order), such as :class:`otm.decode.tree.DraftTree`.
+rows whose draws at the node are its children's, in increasing order: on a delayed tree's shared path
+row 0 alone), such as :class:`otm.decode.tree.DraftTree`; a tree's ``delay`` (default 0) is the depth of
+the node where the rows branch (where ``root_without_replacement`` applies).
 
 >>> import numpy as np
 >>> tau, res = block_law(np.array([[0.5, 0.5], [0.5, 0.5]]), np.array([[0.9, 0.1]]), np.array([0]))
@@ -95,6 +97,7 @@ class VerificationTree:
     token: list[int]
     depth: list[int]
     children: list[list[int]]  # in row order
+    delay: int = 0  # depth of the vnode where the k rows branch (the root; deeper on a delayed tree)
 
     @classmethod
     def from_tree(cls, tree) -> "VerificationTree":
@@ -119,7 +122,7 @@ class VerificationTree:
                 if child not in first:  # the first draw of this token carries the merged subtree
                     first.add(child)
                     order.append(vid)
-        return cls(node, parent, token, depth, children)
+        return cls(node, parent, token, depth, children, int(getattr(tree, "delay", 0)))
 
     def path(self, v: int) -> list[int]:
         """vnodes from depth 1 down to ``v`` (empty for the root)."""
@@ -199,7 +202,7 @@ class TraversalState:
             self.touched[u] = True
         else:
             self.w[u] = 0.0
-        if u == 0 and self.root_without_replacement:  # the next root draw excludes the rejected token
+        if self.vt.depth[u] == self.vt.delay and self.root_without_replacement:  # next draw there: not this token
             q = q.copy()
             q[self.vt.token[c]] = 0.0
             rest = float(q.sum())

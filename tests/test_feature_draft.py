@@ -94,8 +94,8 @@ def test_decoder_draws_from_the_feature_drafts_laws(monkeypatch, rollback, verif
     checked = []
     original = dec._Decoder.draft_rows
 
-    def recording(self, L):
-        out = original(self, L)
+    def recording(self, L, *rest):
+        out = original(self, L, *rest)
         rows, row_laws = out.rows, out.laws
         committed = prompt + emitted
         for t, laws in enumerate(row_laws):

@@ -6,8 +6,10 @@ every random choice enumerated by its exact mode, gives the target's law of T to
 (both schemes, chains and trees, temperature / top-k sampling, EOS). Three planted bugs are caught by the
 same check (law errors in their docstrings). Identities: on a chain with speculative sampling it is block
 verification; with one layer it is the single-step verifier; with recursive rejection sampling it is
-traversal verification, tree by tree. Tokens per call: the decoder's own first step agrees with the numpy
-law summed over every tree, lies below the tree LP optimum and above level-by-level with the same verifier.
+traversal verification, tree by tree. Property: over every tree of random law tables (zeros and 1e-12 masses),
+the block is a stopped target stream (hypothesis; the unconditioned-weights bug as negative control). Tokens per
+call: the decoder's own first step agrees with the numpy law summed over every tree, lies below the tree LP
+optimum and above level-by-level with the same verifier (more cases under ``-m research``).
 """
 
 from __future__ import annotations

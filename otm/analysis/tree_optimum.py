@@ -109,6 +109,8 @@ class TreeOptimum:
     seconds: float
     block_law: dict
     """``{block: g(block)}`` of the optimal plan (a lossless block law, up to the solver's tolerance)."""
+    delay: int = 0
+    """A delayed tree's shared path (0: k rows from the root)."""
 
 
 # -- laws ----------------------------------------------------------------------------------
@@ -129,33 +131,52 @@ def _node_set(rows) -> frozenset:
     return frozenset(row[:t] for row in rows for t in range(1, len(row) + 1))
 
 
-def _count_tuples(draft, k: int, L: int, scheme: str) -> int:
-    q0 = draft(())
-    roots = [int(x) for x in np.flatnonzero(q0 > 0)]
-    conts = {x: sum(1 for _ in _paths(draft, (x,), L - 1)) for x in roots}
-    if scheme == "iid":
-        return sum(conts.values()) ** k
-    kk = min(k, len(roots))
-    return sum(int(np.prod([conts[x] for x in combo])) for combo in itertools.permutations(roots, kk))
+def _count_tuples(draft, k: int, L: int, scheme: str, delay: int = 0) -> int:
+    total = 0
+    for path, _ in _paths(draft, (), delay):  # the shared path of a delayed tree (one, empty, when delay = 0)
+        q0 = draft(path)
+        roots = [int(x) for x in np.flatnonzero(q0 > 0)]
+        conts = {x: sum(1 for _ in _paths(draft, path + (x,), L - delay - 1)) for x in roots}
+        if scheme == "iid":
+            total += sum(conts.values()) ** k
+        else:
+            kk = min(k, len(roots))
+            total += sum(int(np.prod([conts[x] for x in combo])) for combo in itertools.permutations(roots, kk))
+    return total
 
 
-def draft_rows(draft, k: int, L: int, scheme: str = "iid"):
+def _check_delay(L: int, delay: int) -> None:
+    if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < L:
+        raise OtmError(f"delay must be a whole number with 0 <= delay < L = {L} (a delayed tree's shared path), "
+                       f"got {delay!r}")
+
+
+def draft_rows(draft, k: int, L: int, scheme: str = "iid", delay: int = 0):
     """``(rows, probability)`` for every ordered tuple of the k draft rows of one step (mass > 0).
 
     ``draft(prefix) -> [V]`` is the draft's processed law after the context and ``prefix``.
     ``iid``: k i.i.d. rows of length L. ``without_replacement``: the k root tokens by successive
     sampling without replacement (k cut to the support, as the decoder does; each draw renormalised
     by the mass of the tokens left, summed, not 1 minus the mass taken, which loses tiny masses),
-    each row continued i.i.d. from the draft.
+    each row continued i.i.d. from the draft. ``delay`` > 0 (a delayed tree, DDTE): one shared path of
+    ``delay`` tokens drawn once from the draft, then the k rows of either scheme branch from its end.
     """
+    _check_delay(L, delay)
+    for path, w_path in _paths(draft, (), delay):
+        for tails, w in _branch_rows(draft, path, k, L - delay, scheme):
+            yield [path + t for t in tails], w_path * w
+
+
+def _branch_rows(draft, prefix: tuple, k: int, L: int, scheme: str):
+    """``(rows, probability)`` of k rows of length L drawn after ``prefix`` (:func:`draft_rows` from a node)."""
     if scheme == "iid":
-        rows = list(_paths(draft, (), L))
+        rows = list(_paths(draft, prefix, L))
         for combo in itertools.product(rows, repeat=k):
             yield [r for r, _ in combo], float(np.prod([w for _, w in combo]))
         return
-    q0 = draft(())
+    q0 = draft(prefix)
     roots = [int(x) for x in np.flatnonzero(q0 > 0)]
-    conts = {x: list(_paths(draft, (x,), L - 1)) for x in roots}
+    conts = {x: list(_paths(draft, prefix + (x,), L - 1)) for x in roots}
     for combo in itertools.permutations(roots, min(k, len(roots))):
         w_root, left = 1.0, list(roots)
         for x in combo:  # successive sampling: q(x) / (mass of the tokens not drawn yet)
@@ -165,11 +186,11 @@ def draft_rows(draft, k: int, L: int, scheme: str = "iid"):
             yield [(x,) + t for x, (t, _) in zip(combo, tails)], w_root * float(np.prod([w for _, w in tails]))
 
 
-def tree_law(draft, k: int, L: int, scheme: str = "iid") -> dict[frozenset, float]:
+def tree_law(draft, k: int, L: int, scheme: str = "iid", delay: int = 0) -> dict[frozenset, float]:
     """Law of the node set (all non-root prefixes of the rows) of one step's draft tree
     (the ordered row tuples of :func:`draft_rows`, merged)."""
     out: dict[frozenset, float] = {}
-    for rows, w in draft_rows(draft, k, L, scheme):
+    for rows, w in draft_rows(draft, k, L, scheme, delay):
         key = _node_set(rows)
         out[key] = out.get(key, 0.0) + w
     return out
@@ -267,19 +288,21 @@ class _TreeLP:
     blocks: list  # [n]: the block b of each column
 
 
-def _build_tree_lp(target, draft, k: int, L: int, scheme: str, max_trees: int, max_variables: int) -> _TreeLP:
+def _build_tree_lp(target, draft, k: int, L: int, scheme: str, max_trees: int, max_variables: int,
+                   delay: int = 0) -> _TreeLP:
     """Enumerate the node sets and write the LP of :func:`solve_tree_lp` (its docstring), refusing large cases."""
     if scheme not in SCHEMES:
         raise OtmError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
     for name, v in (("k", k), ("L", L)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise OtmError(f"{name} must be a whole number >= 1, got {v!r}")
+    _check_delay(L, delay)
     V = int(np.asarray(target(())).size)
-    n_tuples = _count_tuples(draft, k, L, scheme)
+    n_tuples = _count_tuples(draft, k, L, scheme, delay)
     if n_tuples > max_trees:
         raise OtmError(f"the tree LP at V = {V}, k = {k}, L = {L} ({scheme}) would enumerate {n_tuples:,} draft "
                        f"tuples, more than max_trees = {max_trees:,}: lower V, k or L")
-    law = tree_law(draft, k, L, scheme)
+    law = tree_law(draft, k, L, scheme, delay)
     pref = _prefix_probs(target, L)
     sets = list(law)
     n_vars = sum(sum(int((target(s) > 0).sum()) for s in [(), *S]) for S in sets)
@@ -327,10 +350,10 @@ def _build_tree_lp(target, draft, k: int, L: int, scheme: str, max_trees: int, m
 
 
 def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_trees: int = MAX_TREES,
-                  max_variables: int = MAX_VARIABLES) -> TreeOptimum:
+                  max_variables: int = MAX_VARIABLES, delay: int = 0) -> TreeOptimum:
     """:func:`tree_optimum` on laws ``prefix -> [V]`` (float64) instead of models."""
     start = time.perf_counter()
-    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables)
+    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables, delay)
     sets, cost, n_rows = lp.sets, lp.cost, lp.rhs.size
     value, y, x, A = _solve(cost, np.array(lp.R), np.array(lp.C), np.array(lp.X), lp.rhs, n_rows)
     plan: dict[tuple, float] = {}
@@ -339,7 +362,7 @@ def solve_tree_lp(target, draft, k: int, L: int, scheme: str = "iid", *, max_tre
     bound = _certified_bound(A, cost, lp.rhs, y, np.arange(len(sets)), np.array(lp.col_group))
     relax = transport_bound(lp.law, target, L, lp.pref)
     return TreeOptimum(value, bound, relax, lp.V, k, L, scheme, len(sets), cost.size, n_rows,
-                       time.perf_counter() - start, plan)
+                       time.perf_counter() - start, plan, delay)
 
 
 @dataclass
@@ -366,6 +389,8 @@ class TreePlan:
     r"""Largest violation of the LP's equality rows by the plan, written in conditional form
     (:math:`\sum_b \pi(S,b)/\mu(S) = 1` and the lossless equations): float64 rounding, <= ``PLAN_TOLERANCE``."""
     seconds: float
+    delay: int = 0
+    """A delayed tree's shared path (0: k rows from the root)."""
 
     @property
     def block_law(self) -> dict:
@@ -446,7 +471,7 @@ def _polish(lp: _TreeLP, x: np.ndarray, rounds: int = 4) -> tuple[np.ndarray, fl
 
 
 def solve_tree_plan(target, draft, k: int, L: int, scheme: str = "iid", *, max_trees: int = MAX_TREES,
-                    max_variables: int = MAX_VARIABLES, polish: bool = True) -> TreePlan:
+                    max_variables: int = MAX_VARIABLES, polish: bool = True, delay: int = 0) -> TreePlan:
     r"""An optimal plan :math:`\pi(S, b)` of the tree LP (:func:`solve_tree_lp`) on laws ``prefix -> [V]``.
 
     The LP is the one :func:`solve_tree_lp` solves (same enumeration, same HiGHS call); its vertex
@@ -463,7 +488,7 @@ def solve_tree_plan(target, draft, k: int, L: int, scheme: str = "iid", *, max_t
     (True, True)
     """
     start = time.perf_counter()
-    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables)
+    lp = _build_tree_lp(target, draft, k, L, scheme, max_trees, max_variables, delay)
     value, _, x, _ = _solve(lp.cost, np.array(lp.R), np.array(lp.C), np.array(lp.X), lp.rhs, lp.rhs.size)
     if polish:
         r, residual = _polish(lp, x)
@@ -485,7 +510,8 @@ def solve_tree_plan(target, draft, k: int, L: int, scheme: str = "iid", *, max_t
         raise OtmError(f"the tree LP's plan at k = {k}, L = {L} ({scheme}) emits nothing for some node set: report "
                        "these laws")
     plan_value = float(sum(lp.law[S] * sum(len(b) * x for b, x in zip(bs, w)) for S, (bs, w) in out.items()))
-    return TreePlan(plan_value, value, lp.V, k, L, scheme, dict(lp.law), out, residual, time.perf_counter() - start)
+    return TreePlan(plan_value, value, lp.V, k, L, scheme, dict(lp.law), out, residual, time.perf_counter() - start,
+                    delay)
 
 
 def tree_plan(target_lm, draft_lm, prompt, k: int, L: int, scheme: str = "iid", sampling=None, *,
@@ -523,7 +549,7 @@ def transport_bound(law: dict[frozenset, float], target, L: int, pref: dict | No
 
 
 def tree_optimum(target_lm, draft_lm, prompt, k: int, L: int, scheme: str = "iid", sampling=None, *,
-                 max_trees: int = MAX_TREES, max_variables: int = MAX_VARIABLES) -> TreeOptimum:
+                 max_trees: int = MAX_TREES, max_variables: int = MAX_VARIABLES, delay: int = 0) -> TreeOptimum:
     """The largest expected tokens per target call of any lossless verifier of one step (module docstring).
 
     Parameters
@@ -535,11 +561,13 @@ def tree_optimum(target_lm, draft_lm, prompt, k: int, L: int, scheme: str = "iid
     scheme : ``"iid"`` or ``"without_replacement"`` (root tokens distinct, k cut to the support).
     sampling : :class:`otm.decode.Sampling` for both models (default temperature 1).
     max_trees, max_variables : refuse (one-line OtmError) larger enumerations or LPs.
+    delay : a delayed tree (DDTE): one shared path of ``delay`` draft tokens, then the k rows branch from its
+        end (the scheme applies there); ``0 <= delay < L``, the LP itself is unchanged (only the tree's law).
     """
     from ..decode.toy import model_law
 
     return solve_tree_lp(model_law(target_lm, prompt, sampling), model_law(draft_lm, prompt, sampling), k, L, scheme,
-                         max_trees=max_trees, max_variables=max_variables)
+                         max_trees=max_trees, max_variables=max_variables, delay=delay)
 
 
 # -- the decoder's rules, exactly ----------------------------------------------------------
@@ -551,7 +579,7 @@ class _FirstStep(Exception):
 
 
 def rule_block_law(target_lm, draft_lm, prompt, k: int, L: int, verifier: str, scheme: str = "iid", sampling=None,
-                   max_runs: int = 200_000) -> dict[tuple, float]:
+                   max_runs: int = 200_000, delay: int = 0) -> dict[tuple, float]:
     """Exact law of the block the real decoder emits in its first step (depth L: ``max_new_tokens = L + 1``).
 
     Every random choice of :func:`otm.decode.decoder.speculative_decode` goes through an
@@ -576,7 +604,7 @@ def rule_block_law(target_lm, draft_lm, prompt, k: int, L: int, verifier: str, s
         door = Enumerated(forced, memo)
         try:
             speculative_decode(target_lm, draft_lm, prompt, k=k, length=L, verifier=verifier, scheme=scheme,
-                               sampling=sampling, max_new_tokens=L + 1, chance=door, on_tokens=stop,
+                               delay=delay, sampling=sampling, max_new_tokens=L + 1, chance=door, on_tokens=stop,
                                law_dtype=torch.float64)
             raise RuntimeError("the decoder finished without emitting a step")
         except _FirstStep as done:
@@ -591,9 +619,10 @@ def rule_block_law(target_lm, draft_lm, prompt, k: int, L: int, verifier: str, s
 
 
 def rule_tokens_per_call(target_lm, draft_lm, prompt, k: int, L: int, verifier: str, scheme: str = "iid",
-                         sampling=None) -> float:
-    """Expected tokens of the decoder's first step with ``verifier`` (exact: :func:`rule_block_law`)."""
-    law = rule_block_law(target_lm, draft_lm, prompt, k, L, verifier, scheme, sampling)
+                         sampling=None, delay: int = 0) -> float:
+    """Expected tokens of the decoder's first step with ``verifier`` (exact: :func:`rule_block_law`; ``delay``: a
+    delayed tree, as :func:`tree_optimum`)."""
+    law = rule_block_law(target_lm, draft_lm, prompt, k, L, verifier, scheme, sampling, delay=delay)
     return float(sum(len(b) * w for b, w in law.items()))
 
 

@@ -74,7 +74,7 @@ def _has_exact_law(verifier) -> bool:
 
 def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 2, tv: float = DEFAULT_DECODER_TV,
                     alpha: float = 1e-3, seed: int = 0, exact: bool | None = None, progress: bool = False,
-                    name: str | None = None) -> Report:
+                    name: str | None = None, delay: int = 0) -> Report:
     """Certify ``verifier`` inside the decoder on the toy settings (module docstring).
 
     Parameters
@@ -84,16 +84,18 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
         :class:`otm.decode.tree_rules.TreeRule` (a whole-tree rule; it must draw every random choice
         through ``dec.chance``, which the exact mode enumerates).
     scheme, k, length : the decoder's draft scheme, drafts per position and draft depth L.
+    delay : a delayed tree's shared path (``speculative_decode``'s ``delay``; 0 <= delay < length).
     tv, alpha : statistical mode: total variation detected with power >= 0.99; family-wise level.
     exact : force (True) or forbid (False) the exact mode; default: exact when the law is known.
     """
-    from ..decode.decoder import resolve_verifiers, speculative_decode
+    from ..decode.decoder import check_delay, resolve_verifiers, speculative_decode
     from ..decode.exact_mode import exact_decode, law_error, target_law, total_variation
     from ..decode.toy import model_law
 
     root, deep, label = resolve_verifiers(verifier, scheme, k)
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         raise OtmError(f"length must be a whole number >= 1 (draft depth L), got {length!r}")
+    delay = check_delay(delay, length, verifier)
     if not 0 < alpha < 1:
         raise OtmError(f"alpha must lie in (0, 1), got {alpha!r}")
     knows_law = all(v is None or _has_exact_law(v) for v in (root, deep))  # None: a whole-tree rule
@@ -115,8 +117,9 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
         target, draft, prompt, sampling = _setting(s)
         reference = target_law(model_law(target, prompt, sampling), s["T"])
         options = dict(k=k, length=length, verifier=verifier, scheme=scheme, sampling=sampling,
-                       target_rollback=s["rollback"])
-        case = Case(s["name"], scheme, k, setting={key: s[key] for key in s if key != "name"} | {"length": length})
+                       target_rollback=s["rollback"], delay=delay)
+        case = Case(s["name"], scheme, k, setting={key: s[key] for key in s if key != "name"} | {"length": length}
+                    | ({"delay": delay} if delay else {}))
         try:
             if exact:
                 with torch.inference_mode():
@@ -174,5 +177,6 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
         report = Report(name, "decoder", scheme, k, not failing, cases, worst, method, alpha=alpha, detectable_tv=tv)
     report.seconds = time.perf_counter() - start
     report.command = (f"otm certify {name} --kind decoder --scheme {scheme} -k {k} --length {length}"
+                      + (f" --delay {delay}" if delay else "")
                       + ("" if exact else f" --tv {tv:g} --seed {seed}"))
     return report

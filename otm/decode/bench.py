@@ -457,7 +457,8 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
 
         warm_all(target, draft)
     costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
-                          [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours], [1] + [c.k for c in ours], sampling=sampling,
+                          [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours],  # tree sizes
+                          [1] + [c.k for c in ours], sampling=sampling,
                           prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
     if compile not in ("none", "static"):
         warm_all(target, draft)  # the cost model's sizes

@@ -119,6 +119,9 @@ def register(sub) -> None:
     dec.add_argument("--length", "-L", type=_int_or_auto, default=4,
                      help="draft depth L, or auto: chosen from this machine's costs (default 4)")
     dec.add_argument("--verifier", default="kseq", choices=ALL_VERIFIERS, help="verification rule (default kseq)")
+    dec.add_argument("--delay", type=int, default=0,
+                     help="delayed tree (DDTE): one shared draft path of this length, then the k rows branch from its "
+                          "end; 0 <= delay < length (default 0: rows from the root)")
     dec.add_argument("--scheme", default=None, choices=["iid", "without_replacement"],
                      help="draft scheme (default: without_replacement for rrs_without_replacement, "
                           "kseq_without_replacement and optimal_embedded, else iid)")
@@ -133,6 +136,9 @@ def register(sub) -> None:
     bench = sub.add_parser("bench-decode", help="block efficiency and speed table on a fixed prompt set")
     bench.add_argument("--k", default=DEFAULT_KS, help=f"drafts per position, comma-separated (default {DEFAULT_KS})")
     bench.add_argument("--length", default=DEFAULT_LENGTHS, help=f"draft depths (default {DEFAULT_LENGTHS})")
+    bench.add_argument("--delay", type=int, default=0,
+                       help="delayed trees for the k >= 2 rows: a shared path of this length first (lengths L > delay "
+                            "only; default 0)")
     bench.add_argument("--verifiers", default=DEFAULT_VERIFIERS, help=f"verifiers for k >= 2 (traversal_without_replacement: traversal on roots drafted without "
                        f"replacement), and block for k = 1 (default {DEFAULT_VERIFIERS})")
     bench.add_argument("--prompts", type=int, default=8, help="how many of the fixed prompts (default 8, at most 8)")
@@ -236,7 +242,7 @@ def _warn_refuted(verifiers) -> None:
 
 def cmd_decode(args) -> int:
     from .bench import encode_prompt
-    from .decoder import autoregressive_decode, resolve_verifiers, speculative_decode
+    from .decoder import autoregressive_decode, check_delay, resolve_verifiers, speculative_decode
 
     sampling = _sampling(args)
     scheme = args.scheme or ("without_replacement" if args.verifier in WOR_ONLY else "iid")
@@ -249,6 +255,10 @@ def cmd_decode(args) -> int:
                 raise OtmError(f"{name} must be >= 1, got {value}")
         for k in (AUTO_KS if args.k == "auto" else (args.k,)):
             resolve_verifiers(args.verifier, scheme, k)  # refuse a bad combination before loading models
+        if args.delay:
+            if args.length == "auto":
+                raise OtmError("--delay needs a fixed --length (not auto)")
+            check_delay(args.delay, args.length, args.verifier)
     if args.max_new_tokens < 1:
         raise OtmError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     _warn_refuted([] if args.autoregressive else [args.verifier])
@@ -300,7 +310,7 @@ def cmd_decode(args) -> int:
                                   eos_token_id=eos, seed=args.seed, on_tokens=stream, **compile_options(args.compile))
     else:
         g = speculative_decode(target, draft, ids, k=args.k, length=args.length, verifier=args.verifier, scheme=scheme,
-                               sampling=sampling, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+                               delay=args.delay, sampling=sampling, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
                                seed=args.seed, on_tokens=stream, **compile_options(args.compile))
     final = tokenizer.decode(tokens, skip_special_tokens=True)
     if final.startswith(shown[0]):
@@ -325,7 +335,7 @@ def _dtype_name(args) -> str:
 def cmd_bench(args) -> int:
     from .bench import PROMPTS, run_bench
     from .bench import SCHEME_VARIANTS
-    from .decoder import VERIFIERS
+    from .decoder import VERIFIERS, check_delay
 
     ks = _int_list(args.k, "k")
     lengths = _int_list(args.length, "length")
@@ -335,6 +345,11 @@ def cmd_bench(args) -> int:
     if bad:
         raise OtmError(f"unknown verifier {bad[0]!r} for bench-decode: choose among {', '.join(known)} (k = 1 rows run anyway)")
     _warn_refuted(verifiers)
+    if args.delay:
+        if not 0 < args.delay < max(lengths):
+            raise OtmError(f"--delay must lie in 0..{max(lengths) - 1} (below the largest --length), got {args.delay}")
+        for v in verifiers:
+            check_delay(args.delay, max(lengths), v)
     if not 1 <= args.prompts <= len(PROMPTS):
         raise OtmError(f"--prompts must lie in 1..{len(PROMPTS)}, got {args.prompts}")
     if args.max_new_tokens < 1:
@@ -349,6 +364,7 @@ def cmd_bench(args) -> int:
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
         + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
         + (f" --compile {args.compile}" if args.compile != "none" else "")
+        + (f" --delay {args.delay}" if args.delay else "")
     )
     target, draft, tokenizer = _load(args)
     from .feature_draft import FeatureDraft
@@ -363,7 +379,7 @@ def cmd_bench(args) -> int:
         peer = load_draft(path, target)
     run_bench(target, draft, tokenizer, ks=ks, lengths=lengths, verifiers=verifiers, sampling=sampling,
               max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=args.seed, hf=not args.no_hf,
-              peer_draft=peer, progress=not args.no_progress, command=command, compile=args.compile)
+              peer_draft=peer, progress=not args.no_progress, command=command, compile=args.compile, delay=args.delay)
     return 0
 
 

@@ -9,7 +9,12 @@ One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3):
    :math:`q(\cdot|c, x_{<t})`. Rows that share a prefix draw from one law, computed once for
    the prefix (the law of its first row), so the law the verifier is given is the law the
    drafts were drawn from, bit for bit;
-2. **tree**: merge the k rows into a prefix tree (:class:`~otm.decode.tree.DraftTree`);
+   With ``delay`` = L1 > 0 (the *delayed tree* of DDTE, Thomas, Kitanovski, Goldblum & Pal, arXiv
+   2602.16994): first ONE shared path of L1 tokens, each drawn once from the draft at batch 1, then
+   the k rows (either scheme) drawn from the law at the path's end and extended to the total depth L
+   at batch k (draft calls: the feed, L1 at batch 1, L - L1 - 1 at batch k);
+2. **tree**: merge the k rows into a prefix tree (:class:`~otm.decode.tree.DraftTree`; on a delayed
+   tree a shared node's ``rows_through`` is row 0 alone: the one draw made there);
 3. **target pass**: ONE target forward over the pending tokens and every tree node, with a 4D
    tree attention mask and explicit ``position_ids`` (:func:`~otm.decode.tree.tree_inputs`),
    giving :math:`p(\cdot|\text{node})` at the root and at every node;
@@ -40,6 +45,12 @@ Exactness (each emitted token follows the target's processed law given the token
   Below the root each row is a single chain: given the accepted child, its one continuation is a
   single draw from :math:`q(\cdot|\text{child})`, independent of the root's verification, so
   single-draft speculative sampling (``speculative``) is exact at depths >= 1.
+* delayed trees: a node of the shared path has one child drawn once from its draft law (a single
+  i.i.d. draft, m = 1, for every rule above; ``rows_through`` holds it once), and the branching node at
+  depth L1 has the k draws of the scheme, which the rules treat as they treat the root's (the
+  without-replacement verifier runs there: :attr:`DraftTree.delay`); the argument above then holds
+  node by node. Rules that read the k rows as k draws at the root (``spectr_gbv``) or solve for rows
+  from the root (``tree_lp``) refuse a delay (:data:`NO_DELAY`).
 * the bonus token after a fully accepted path and the correction token are the target's own
   law given the path (the correction is part of the verifier's rule).
 
@@ -209,6 +220,25 @@ def _check_positive(value, name: str, meaning: str) -> int:
     return int(value)
 
 
+NO_DELAY = {
+    "tree_lp": "its plan is solved for trees of k rows from the root",
+    "spectr_gbv": "it verifies the k rows as k draws at the root, while a delayed tree draws its shared path once "
+                  "(law error 0.085 at V = 3, k = 2, depth 2, delay 1: tests/test_delayed_trees.py)",
+}
+"""Registered whole-tree rules that refuse a delayed tree (``delay > 0``), with why."""
+
+
+def check_delay(delay, length: int, verifier=None) -> int:
+    """The shared path's length of a delayed tree (``speculative_decode``'s ``delay``), checked:
+    ``0 <= delay < length``, and not with a rule of :data:`NO_DELAY`."""
+    if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay < length:
+        raise OtmError(f"delay must be a whole number with 0 <= delay < length = {length} (the shared draft path "
+                       f"before the rows branch; 0: rows from the root), got {delay!r}")
+    if delay and isinstance(verifier, str) and verifier in NO_DELAY:
+        raise OtmError(f"the {verifier} rule takes no delayed tree ({NO_DELAY[verifier]}): use delay 0 or another rule")
+    return int(delay)
+
+
 def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable, str]:
     """``(at the root, below the root, name)`` for a verifier name (or a callable) and a scheme.
 
@@ -259,8 +289,8 @@ def resolve_rule(verifier, scheme: str, k: int, *, target=None, draft=None, samp
 class _Drafts:
     """The draft rows of one step and the laws they were drawn from."""
 
-    rows: torch.Tensor  # [k', L] int64: row j's tokens 1..L
-    laws: list[torch.Tensor]  # laws[0] [1, V] = q(.|c); laws[t] [k', V]: the law row j's token t was drawn from
+    rows: torch.Tensor  # [k', L] int64: row j's tokens 1..L (a delayed tree: the first delay columns are equal)
+    laws: list[torch.Tensor]  # laws[0] [1, V] = q(.|c); laws[t] [k', V] ([1, V] for t <= delay): the law of token t + 1
     logits: list[torch.Tensor]  # the draft logits each law was processed from (same shapes; the raw law of peers' bug #47932)
     context: int  # draft cache length before the rows (|c|)
 
@@ -270,7 +300,7 @@ class _Decoder:
 
     def __init__(self, target, draft, prompt, *, k, length, scheme, verifier, sampling, max_new_tokens, eos,
                  chance: Chance, law_dtype, method, target_rollback="gather", compile=None, static: bool = False,
-                 max_cache: int | None = None, prompt_length: int = 0):
+                 max_cache: int | None = None, prompt_length: int = 0, delay: int = 0):
         # a feature draft (EAGLE) reads the target's features: the head inputs of each target pass
         self.features = draft is not None and is_feature_draft_model(draft)
         self.static = static or compile is not None
@@ -288,6 +318,7 @@ class _Decoder:
         self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass
         self.tree_features = self.prompt_features = None
         self.k, self.L, self.scheme = k, length, scheme
+        self.delay = delay  # DDTE's delayed tree: a shared path of this length, then the k rows branch
         self.rule = verifier  # a TreeRule (otm.decode.tree_rules); None for the autoregressive baseline
         self.sampling, self.law_dtype = sampling, law_dtype
         self.max_new, self.eos = max_new_tokens, eos
@@ -326,45 +357,74 @@ class _Decoder:
         return next_token_laws(logits, self.sampling, dtype=self.law_dtype)
 
     # 1. drafting ---------------------------------------------------------------------------
-    def draft_rows(self, L: int) -> "_Drafts":
+    def draft_rows(self, L: int, delay: int = 0) -> "_Drafts":
         """The k rows of one step, drawn through ``self.chance`` (:class:`_Drafts`).
 
-        ``laws[0]`` = q(.|c) ``[1, V]``; ``laws[t]`` ``[k', V]`` is the law row j's token t was
-        drawn from (the law of the first row with the same prefix). k' = k, or the support size
-        of q(.|c) if smaller (``without_replacement``).
+        ``laws[0]`` = q(.|c) ``[1, V]``; ``laws[t]`` is the law the rows' token t + 1 was drawn from:
+        ``[1, V]`` for t <= ``delay`` (the shared path, one draw per depth, and the law at its end, from
+        which the k branch tokens are drawn), else ``[k', V]`` (row j's law: the law of the first row
+        with the same prefix). k' = k, or the support size of the branching law if smaller
+        (``without_replacement``); 1 when ``delay == L`` (the step is the shared path alone).
         """
         d = self.draft
         if self.features:
             h_root = d.feed(self.pending_draft, self.pending_feats)  # [1, H]: the draft's guess of the root's feature
             logits = d.logits(h_root)  # [1, V]
+            guess = h_root
         else:
-            logits = d.feed(self.pending_draft)  # [1, V]
-        q_root = self.laws(logits, "draft")  # [1, V]
+            logits, guess = d.feed(self.pending_draft), None  # [1, V]
+        law = self.laws(logits, "draft")  # [1, V]: the law at the current node of the shared path
         self.pending_draft = []
         context = d.length()
+        out = _Drafts(None, [law], [logits], context)
+
+        def advance(tokens: torch.Tensor, t: int):
+            """Draft logits after feeding ``tokens [b, 1]`` (each row's token t) at position ``context + t - 1``."""
+            nonlocal guess
+            positions = torch.full((tokens.shape[0], 1), context + t - 1, dtype=torch.int64, device=d.device)
+            if self.features:  # a drafted token's element reads the draft's guess of the feature before it
+                guess = d.forward(tokens, positions, guess[:, None])[:, -1]  # [b, H]
+                return d.logits(guess), guess
+            return d.forward(tokens, positions)[:, -1], None  # [b, V]
+
+        path = []  # the shared path (DDTE's delayed tree): one draw per depth, at batch 1
+        for t in range(delay):
+            if t:
+                logits, _ = advance(path[-1], t)  # [1, V]
+                law = self.laws(logits, "draft")
+                out.laws.append(law)
+                out.logits.append(logits)
+            path.append(self.chance.draft_iid(law, 1))  # [1, 1]
+        if delay == L:  # no branching left in this step (depth cut near the limit): the path is the one row
+            out.rows = torch.cat(path, 1)  # [1, L]
+            return out
+        if delay:  # the law at the path's end, from which the k branch tokens are drawn
+            logits, _ = advance(path[-1], delay)  # [1, V]
+            law = self.laws(logits, "draft")
+            out.laws.append(law)
+            out.logits.append(logits)
         if self.scheme == "iid":
-            first = self.chance.draft_iid(q_root, self.k)  # [1, k]
+            first = self.chance.draft_iid(law, self.k)  # [1, k]
         else:
-            k = min(self.k, int((q_root > 0).sum()))  # the scheme needs k tokens of positive mass
-            first = self.chance.draft_without_replacement(q_root, k)  # [1, k']
+            k = min(self.k, int((law > 0).sum()))  # the scheme needs k tokens of positive mass
+            first = self.chance.draft_without_replacement(law, k)  # [1, k']
         k = first.shape[1]
         rows = torch.empty((k, L), dtype=torch.int64, device=first.device)  # [k', L]
-        rows[:, 0] = first[0]
-        out = _Drafts(rows, [q_root], [logits], context)
+        for t, x in enumerate(path):
+            rows[:, t] = x[0, 0]
+        rows[:, delay] = first[0]
+        out.rows = rows
         prefixes = [(t,) for t in first[0].tolist()]
-        if L > 1:
+        if L - delay > 1:
             d.cache.batch_repeat_interleave(k)
-            if self.features:  # a drafted token's element reads the draft's guess of the feature before it
-                guess = h_root.expand(k, -1)  # [k', H]
-        for t in range(1, L):
-            positions = torch.full((k, 1), context + t - 1, dtype=torch.int64, device=d.device)  # [k', 1]
+            if self.features:
+                guess = guess.expand(k, -1)  # [k', H]
+        for t in range(delay + 1, L):
             seen: dict[tuple, int] = {}
             representative = [seen.setdefault(p, j) for j, p in enumerate(prefixes)]  # first row of each prefix
+            logits = advance(rows[:, t - 1 : t], t)[0][representative]  # [k', V]: one per distinct prefix
             if self.features:
-                guess = d.forward(rows[:, t - 1 : t], positions, guess[:, None])[:, -1][representative]  # [k', H]
-                logits = d.logits(guess)  # [k', V]: one per distinct prefix
-            else:
-                logits = d.forward(rows[:, t - 1 : t], positions)[:, -1][representative]  # [k', V]: one per distinct prefix
+                guess = guess[representative]
             laws = self.laws(logits, "draft")  # [k', V]
             rows[:, t] = self.chance.draft_iid(laws, 1)[:, 0]
             out.laws.append(laws)
@@ -441,9 +501,10 @@ class _Decoder:
         root = self.pending_target[-1]
         t0 = time.perf_counter()
         self.phase("draft")
+        delay = min(self.delay, L)  # the shared path, cut with the depth near the limit
         if L >= 1:
-            drafts = self.draft_rows(L)
-            tree = DraftTree.from_rows(drafts.rows, root)
+            drafts = self.draft_rows(L, delay)
+            tree = DraftTree.from_rows(drafts.rows, root, delay=delay)
         else:
             drafts, tree = None, DraftTree.root_only(root)
         t1 = time.perf_counter()
@@ -467,7 +528,7 @@ class _Decoder:
                 self.pending_feats = torch.cat([self.tree_features.new_zeros((1, emitted_feats.shape[1])),
                                                 self.prompt_features])
             if L >= 1:  # the drafted elements read guessed features: drop them, feed the accepted tokens again
-                if L > 1:
+                if L - delay > 1:  # the cache was expanded to the k rows at the branching point
                     self.draft.cache.batch_select_indices(torch.tensor([0], device=self.draft.device))
                 self.draft.truncate(drafts.context)
                 self.pending_draft, self.pending_feats = list(emitted), emitted_feats
@@ -475,7 +536,7 @@ class _Decoder:
                 self.pending_draft.extend(emitted)
                 self.pending_feats = torch.cat([self.pending_feats, emitted_feats])
         elif L >= 1:
-            if L > 1:  # keep one row that carries the accepted path
+            if L - delay > 1:  # the cache was expanded to the k rows: keep one that carries the accepted path
                 row = self.draft_row_kept(tree, end)
                 self.draft.cache.batch_select_indices(torch.tensor([row], device=self.draft.device))
             kept = min(accepted, L - 1)  # the row holds its tokens 1..L-1
@@ -573,6 +634,7 @@ def speculative_decode(
     static: bool = False,
     compile: str | None = None,
     max_cache: int | None = None,
+    delay: int = 0,
 ) -> Generation:
     """Multi-draft speculative decoding of one prompt; the new tokens follow the target's law.
 
@@ -587,7 +649,7 @@ def speculative_decode(
         nothing (the prompt's features come from that step's target pass).
     input_ids : list of int, or tensor ``[n]`` / ``[1, n]`` (batch size 1).
     k : drafts per position (rows of the tree), >= 1.
-    length : draft depth L, >= 1.
+    length : draft depth L, >= 1 (the tree's total depth, with or without a delay).
     verifier : name in :data:`VERIFIERS` for the scheme, a callable with the signature of
         :data:`otm.torch.VERIFIERS` (run level by level), or an instance of
         :class:`~otm.decode.tree_rules.TreeRule` (a whole-tree rule of your own).
@@ -614,6 +676,13 @@ def speculative_decode(
     compile : None, or a ``torch.compile`` mode (``"default"``, ``"max-autotune"``, ``"reduce-overhead"``):
         the static step compiled, once per shape and process (implies ``static``).
     max_cache : positions of the static caches (default: the prompt plus ``max_new_tokens``).
+    delay : the delayed tree of DDTE (Thomas, Kitanovski, Goldblum & Pal, arXiv 2602.16994): a single
+        shared draft path of ``delay`` tokens (L1) from the root, drafted at batch 1, then the k rows
+        branch from its end with ``length - delay`` tokens each (L2; scheme ``without_replacement``:
+        their k first tokens are distinct). ``0 <= delay < length``; 0 (default) is the usual tree of k
+        rows from the root. Near ``max_new_tokens`` the depth is cut first: a step of depth <= delay is
+        the shared path alone. Every rule stays exact (the tree holds one draw per shared node:
+        :class:`~otm.decode.tree.DraftTree`), except those refused in one line (:data:`NO_DELAY`).
 
     Returns
     -------
@@ -622,6 +691,7 @@ def speculative_decode(
     k = _check_positive(k, "k", "drafts per position")
     length = _check_positive(length, "length", "draft depth L")
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
+    delay = check_delay(delay, length, verifier)
     sampling = Sampling() if sampling is None else sampling
     rule = resolve_rule(verifier, scheme, k, target=target, draft=draft, sampling=sampling)
     if target_rollback not in ROLLBACKS:
@@ -632,8 +702,9 @@ def speculative_decode(
     decoder = _Decoder(
         target, draft, prompt, k=k, length=length, scheme=scheme, verifier=rule, sampling=sampling,
         max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
-        law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}",
+        law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}" + (f" delay={delay}" if delay else ""),
         target_rollback=target_rollback, static=static, compile=compile, max_cache=max_cache, prompt_length=len(prompt),
+        delay=delay,
     )
     return decoder.run(on_tokens, count_host_reads)
 

@@ -24,6 +24,17 @@ where it may not (eager attention adds it to the scores; SDPA takes a float mask
 [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
 >>> tree.rows_through[1], tree.children[0]
 ([0, 1], [1, 2])
+
+A *delayed* tree (DDTE, Thomas et al., arXiv 2602.16994; ``delay`` = L1 > 0): the k rows share their
+first L1 tokens, drawn ONCE (one draft per depth), and branch at the shared path's end, where the k
+draws are made. ``rows_through`` lists the rows whose draws at a node are its children's draws, with
+multiplicity: on the shared path (depth < L1, the root included) that is row 0 alone, so every rule
+that reads the drafts at a node from ``rows_through`` sees the one draw made there; from depth L1 on,
+every row through the node (as without a delay).
+
+>>> tree = DraftTree.from_rows([[5, 3, 1], [5, 3, 2], [5, 3, 1]], root_token=0, delay=2)
+>>> tree.rows_through[:4], tree.children[2], tree.node_of[:, 2].tolist()
+([[0], [0], [0, 1, 2], [0, 2]], [3, 4], [2, 2, 2])
 """
 
 from __future__ import annotations
@@ -41,16 +52,22 @@ class DraftTree:
     parent: torch.Tensor  # [N] int64: parent node, -1 for the root
     depth: list[int]  # [N]: 0 for the root
     node_of: torch.Tensor  # [k, L + 1] int64: node of row j at depth t
-    rows_through: list[list[int]]  # per node: the rows whose prefix passes through it, increasing
+    rows_through: list[list[int]]  # per node: the rows through it whose draws there are its children's, increasing
+    # (every row through the node; on a delayed tree's shared path row 0 alone: module docstring)
     children: list[list[int]]  # per node: distinct children, in node order
+    delay: int = 0  # the shared path's length (a delayed tree, module docstring): the depth where the k rows branch
 
     @classmethod
-    def from_rows(cls, rows, root_token: int) -> "DraftTree":
-        """Merge draft rows ``[k, L]`` (token ids, list or tensor) into a prefix tree."""
+    def from_rows(cls, rows, root_token: int, delay: int = 0) -> "DraftTree":
+        """Merge draft rows ``[k, L]`` (token ids, list or tensor) into a prefix tree; with ``delay`` > 0 the rows
+        share their first ``delay`` tokens (one draw each: ``rows_through`` is row 0 there)."""
         rows = rows.tolist() if isinstance(rows, torch.Tensor) else [list(r) for r in rows]
         k, L = len(rows), len(rows[0])
+        if not 0 <= delay <= L or any(r[:delay] != rows[0][:delay] for r in rows):
+            raise ValueError(f"a tree with delay {delay} needs rows of length >= {delay} sharing their first "
+                             f"{delay} tokens")
         tokens, parent, depth = [int(root_token)], [-1], [0]
-        rows_through: list[list[int]] = [list(range(k))]
+        rows_through: list[list[int]] = [list(range(k)) if delay == 0 else [0]]
         children: list[list[int]] = [[]]
         node_of = [[0] * (L + 1) for _ in range(k)]
         for t in range(1, L + 1):  # breadth first: all of depth t before depth t + 1
@@ -66,7 +83,8 @@ class DraftTree:
                     rows_through.append([])
                     children.append([])
                     children[key[0]].append(node)
-                rows_through[node].append(j)
+                if t >= delay or j == 0:  # a shared node holds the one draw made there (row 0's)
+                    rows_through[node].append(j)
                 node_of[j][t] = node
         return cls(
             tokens=torch.tensor(tokens, dtype=torch.int64),
@@ -75,6 +93,7 @@ class DraftTree:
             node_of=torch.tensor(node_of, dtype=torch.int64),
             rows_through=rows_through,
             children=children,
+            delay=int(delay),
         )
 
     @classmethod

@@ -83,7 +83,8 @@ class LevelByLevel(TreeRule):
             depth = tree.depth[node]
             tokens = drafts.rows[tree.rows_through[node], depth][None]  # [1, m]: the children's tokens with multiplicity
             q_node = dec.node_draft_law(tree, node, drafts).to(p_node.device)  # [1, V]
-            verify = self.root_verifier if depth == 0 else self.deep_verifier
+            # the k draws of the scheme: at the root, or at a delayed tree's branching node (depth tree.delay)
+            verify = self.root_verifier if depth == tree.delay else self.deep_verifier
             y = dec.chance.verify(verify, p_node, q_node, tokens)
             emitted.append(y)
             dec.stats.verified_by_depth[depth] += 1

@@ -34,7 +34,7 @@ class GBV(TreeRule):
         def host(law):
             return law.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
 
-        K = len(tree.rows_through[0])  # the step's rows
+        K = int(tree.node_of.shape[0])  # the step's rows (on a delayed tree they branch at the shared path's end)
         path, tau_law, residuals = gbv_decision(
             tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)), K)
         gamma = int(path.chain.size)

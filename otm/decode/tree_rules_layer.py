@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..laws import OtmError
+from ..tree_verifiers.layer import layer_plan, step_laws
 from .tree_rules import TreeRule
 
 
@@ -36,15 +37,11 @@ class Layer(TreeRule):
 
     def laws(self, scheme: str):
         """``(root law, deep law, resolved name)`` of the step for ``scheme`` (checked once per scheme)."""
-        from ..tree_verifiers.layer import step_laws
-
         if scheme not in self._laws:
             self._laws[scheme] = step_laws(self.step, scheme)
         return self._laws[scheme]
 
     def walk(self, dec, tree, drafts, target_laws):
-        from ..tree_verifiers.layer import layer_plan
-
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
         root_law, deep_law, _ = self.laws(dec.scheme)

@@ -148,18 +148,22 @@ class GBVPath:
 def select_path(tree, target_of, draft_of, K: int, *, rank_of=None) -> GBVPath:
     """GBV's steps 1-3 on a draft tree: the chosen path and its skewed draft laws.
 
-    ``tree``: a :class:`otm.decode.tree.DraftTree` (``tokens``, ``children``); ``target_of(node)`` and
+    ``tree``: a :class:`otm.decode.tree.DraftTree` (``tokens``, ``children``, ``delay``: on a delayed tree the
+    shared path is one draw per node, its draft law q, and the K rows branch at its end); ``target_of(node)`` and
     ``draft_of(node)``: the node's target law and the draft law its children were drawn from (``[V]``,
     anything :func:`numpy.asarray` reads). ``rank_of(target, draft)`` (default :func:`ratio_rank`): the
     token order, the same for the selection and for the skewed law.
     """
     rank_of = ratio_rank if rank_of is None else rank_of
     tokens = [int(t) for t in tree.tokens]
+    delay = int(getattr(tree, "delay", 0))  # a delayed tree: one draw per node of the shared path, K rows from its end
     node, nodes, chain, skewed, below, at = 0, [0], [], [], [0.0], [1.0]
     while tree.children[node]:
         p, q = _row(target_of(node)), _row(draft_of(node))
         rank = rank_of(p, q)
-        skewed.append(skewed_law(q, rank, below=below[-1], at=at[-1], K=K))
+        if len(chain) == delay:  # the K i.i.d. rows start here: their maximum's masses start afresh
+            below[-1], at[-1] = 0.0, 1.0
+        skewed.append(skewed_law(q, rank, below=below[-1], at=at[-1], K=K if len(chain) >= delay else 1))
         child = pick_child(tree.children[node], tokens, rank, p, q)
         v = tokens[child]
         if not q[v] > 0:
@@ -197,6 +201,9 @@ def gbv_law(tree, target_of, draft_of, K: int, **kw) -> dict[tuple, float]:
     for tau, w in enumerate(tau_law.tolist()):
         if w <= 0:
             continue
+        if not residuals[tau].sum() > 0:  # the residual's mass is below float64's resolution (as the decoder says)
+            raise OtmError(f"GBV: tau = {tau} has probability {w:.3g} but its residual has no mass in float64 "
+                           "(a skewed draft law within rounding of the target's): report this law")
         head = tuple(int(t) for t in path.chain[:tau])
         for y in np.flatnonzero(residuals[tau] > 0).tolist():
             law[head + (y,)] = law.get(head + (y,), 0.0) + w * float(residuals[tau, y])

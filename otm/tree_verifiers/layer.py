@@ -93,6 +93,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..laws import OtmError
+from ..verifiers import VERIFIERS
 
 STEPS = {
     "iid": ("optimal", "kseq", "rrs", "speculative"),
@@ -116,8 +117,6 @@ laws on toy vocabularies (the exact mode replays the same trees), a few dozen on
 def step_laws(step: str, scheme: str):
     """``(root law, deep law, resolved name)``: the exact conditional laws ``law(target, draft, drafts) -> [V]``
     of the single-step verifier ``step`` at the root and below it, for ``scheme``."""
-    from ..verifiers import VERIFIERS
-
     if scheme not in STEPS:
         raise OtmError(f"unknown scheme {scheme!r}: layer verification takes iid or without_replacement")
     name = ALIASES.get(scheme, {}).get(step, step)
@@ -237,7 +236,7 @@ def layer_plan(tree, target_of, draft_of, root_law, deep_law, memo: dict | None 
         drafts = np.array([tokens[node_of[j][depth + 1]] for j in tree.rows_through[u]], dtype=np.int64)
         p_ext = extended_target(p, w[u])
         q_ext = np.append(q, 0.0)  # the draft never proposes "bottom"
-        law = root_law if u == 0 else deep_law
+        law = root_law if depth == getattr(tree, "delay", 0) else deep_law  # the k draws: root or branching node
         key = (id(law), p_ext.tobytes(), q_ext.tobytes(), drafts.tobytes())
         found = None if memo is None else memo.get(key)
         if found is None:
@@ -308,7 +307,7 @@ def level_by_level_law(tree, target_of, draft_of, root_law, deep_law) -> dict[tu
                 out[path + (y,)] = out.get(path + (y,), 0.0) + mass * float(p[y] / p.sum())
             continue
         drafts = np.array([tokens[node_of[j][tree.depth[u] + 1]] for j in tree.rows_through[u]], dtype=np.int64)
-        pi = np.asarray((root_law if u == 0 else deep_law)(p, _row(draft_of(u)), drafts), dtype=np.float64)
+        pi = np.asarray((root_law if tree.depth[u] == getattr(tree, "delay", 0) else deep_law)(p, _row(draft_of(u)), drafts), dtype=np.float64)
         child = {tokens[c]: c for c in kids}
         for y in np.flatnonzero(pi > 0).tolist():
             if y in child:
