@@ -31,7 +31,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otm.analysis.io import load_resume_cache, save_figure, write_table, wrap  # noqa: E402
-from otm.analysis.tree_optimum import RULES, rule_tokens_per_call, tree_optimum  # noqa: E402
+from otm.analysis.tree_optimum import RULES as ALL_RULES, rule_tokens_per_call, tree_optimum  # noqa: E402
+from otm.decode.tree_registry import refuted  # noqa: E402
+
+RULES = {key: k for key, k in ALL_RULES.items() if not refuted(key[0])}
+"""The lossless rules (a refuted rule, hsd, exceeds the optimum by being lossy: docs/tree_rules.md)."""
 
 PROMPT = [0, 2]
 TEMPERATURES = (0.5, 1.0, 2.0)
