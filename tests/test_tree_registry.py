@@ -40,3 +40,22 @@ def test_a_rule_that_needs_the_models_is_made_with_the_runs_models():
     target, draft = ToyLM(3, seed=0), ToyLM(3, seed=1)
     g = decoder.speculative_decode(target, draft, [0, 2], k=2, length=1, verifier="tree_lp", max_new_tokens=4, seed=0)
     assert len(g.tokens) == 4
+
+
+def test_a_rule_option_by_name_layer_kseq():
+    """``layer:STEP`` makes Layer(step=STEP) by name, in the decoder (exact) and on the command line."""
+    from otm.cli import build_parser
+    from otm.decode.exact_mode import exact_decode_law, law_error, target_law
+    from otm.decode.toy import model_law
+
+    t, d = ToyLM(2, seed=0), ToyLM(2, seed=1)
+    law = exact_decode_law(t, d, [0, 1], max_new_tokens=3, k=2, length=2, verifier="layer:kseq")
+    assert law_error(law, target_law(model_law(t, [0, 1], None), 3)) < 1e-12
+    g = decoder.speculative_decode(t, d, [0, 1], k=2, length=2, verifier="layer:rrs", max_new_tokens=3, seed=0)
+    assert g.stats.method.startswith("layer:rrs")
+    args = build_parser().parse_args(["decode", "--prompt", "x", "--verifier", "layer:kseq"])
+    assert args.verifier == "layer:kseq"
+    with pytest.raises(OtmError, match="invalid choice: 'kseq:rrs'"):
+        build_parser().parse_args(["decode", "--prompt", "x", "--verifier", "kseq:rrs"])
+    with pytest.raises(OtmError, match="does not fit"):
+        decoder.resolve_verifiers("kseq:rrs", "iid", 2)

@@ -45,6 +45,17 @@ WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement", "optimal_embe
 """Verifiers whose default scheme is ``without_replacement``."""
 
 
+def _verifier_name(text: str) -> str:
+    """A registered verifier name, or a tree rule with its option (``layer:kseq``)."""
+    import argparse
+
+    from .tree_registry import split_name
+
+    if text in ALL_VERIFIERS or split_name(text)[1]:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(ALL_VERIFIERS)}, or layer:STEP)")
+
+
 def _int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
@@ -118,7 +129,9 @@ def register(sub) -> None:
                      help="drafts per position, or auto: chosen from this machine's costs (default 4)")
     dec.add_argument("--length", "-L", type=_int_or_auto, default=4,
                      help="draft depth L, or auto: chosen from this machine's costs (default 4)")
-    dec.add_argument("--verifier", default="kseq", choices=ALL_VERIFIERS, help="verification rule (default kseq)")
+    dec.add_argument("--verifier", default="kseq", type=_verifier_name, metavar="{" + ",".join(ALL_VERIFIERS) + "}",
+                     help="verification rule (default kseq); layer:STEP runs layer verification with another "
+                          "single-step verifier, e.g. layer:kseq")
     dec.add_argument("--delay", type=int, default=0,
                      help="delayed tree (DDTE): one shared draft path of this length, then the k rows branch from its "
                           "end; 0 <= delay < length (default 0: rows from the root)")

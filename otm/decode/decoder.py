@@ -77,7 +77,7 @@ from .chance import Chance, Sampled
 from .runner import FeatureRunner, Runner, device_and_dtype, is_feature_draft_model, vocab_size
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
-from .tree_registry import TREE_RULES, tree_rule_names
+from .tree_registry import TREE_RULES, split_name, tree_rule_names
 from .tree_rules import LevelByLevel, TreeRule
 
 SCHEMES = ("iid", "without_replacement")
@@ -254,6 +254,12 @@ def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable
         return None, None, getattr(verifier, "name", type(verifier).__name__)  # a user's whole-tree rule
     if callable(verifier):
         return verifier, verifier, getattr(verifier, "__name__", "custom")
+    base, option = split_name(verifier) if isinstance(verifier, str) else (verifier, {})
+    if option:  # a tree rule with its option by name, "layer:kseq": made here, checked as a user's rule
+        if base not in VERIFIERS[scheme]:
+            raise OtmError(f"verifier {base!r} does not fit the {scheme} scheme in the decoder: choose one of "
+                           f"{', '.join(VERIFIERS[scheme])}")
+        return None, None, verifier
     if verifier not in VERIFIERS[scheme]:
         known = ", ".join(VERIFIERS[scheme])
         raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
@@ -275,6 +281,9 @@ def resolve_rule(verifier, scheme: str, k: int, *, target=None, draft=None, samp
     if isinstance(verifier, TreeRule):
         return verifier
     if root is None:
+        base, option = split_name(name)
+        if option:
+            return TREE_RULES[base].make(**option)
         spec = TREE_RULES[name]
         if spec.needs_models:
             return spec.make(target_lm=target, draft_lm=draft, sampling=sampling)

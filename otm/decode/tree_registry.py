@@ -27,6 +27,7 @@ class TreeRuleSpec:
     summary: str = ""
     refuted: str = ""  # not lossless: why, in one line (kept registered so the refutation can be reproduced)
     needs_models: bool = False  # made with the run's models and sampling (target_lm=, draft_lm=, sampling=)
+    option: str = ""  # "NAME:VALUE" passes VALUE as this keyword (layer:kseq -> Layer(step="kseq"))
 
     def make(self, **options):
         """A fresh instance of the rule (``options``: its keyword arguments)."""
@@ -57,10 +58,20 @@ TREE_RULES: dict[str, TreeRuleSpec] = {
                      needs_models=True,
                      summary="the one-step tree LP's optimal plan (toy LMs only: the LP needs every law; "
                              "otm.analysis.tree_optimum)"),
-        TreeRuleSpec("layer", ".tree_rules_layer:Layer", ("iid", "without_replacement"), summary="layer verification: the optimal single-step verifier lifted to the tree, layer by layer (Cha, Cho & Yun, AdaptFM @ ICML 2026; reconstructed from the abstract); other steps: Layer(step=...)"),
+        TreeRuleSpec("layer", ".tree_rules_layer:Layer", ("iid", "without_replacement"), option="step", summary="layer verification: the optimal single-step verifier lifted to the tree, layer by layer (Cha, Cho & Yun, AdaptFM @ ICML 2026; reconstructed from the abstract); other steps: Layer(step=...)"),
     )
 }
 """Whole-tree rules by name, beside the token-level verifiers (:data:`otm.torch.VERIFIERS`)."""
+
+
+def split_name(name: str) -> tuple[str, dict]:
+    """``"layer:kseq"`` -> ``("layer", {"step": "kseq"})``; a plain name -> ``(name, {})``; a suffix on a rule that
+    takes no option is left in the name (and then refused as unknown)."""
+    base, sep, value = name.partition(":")
+    spec = TREE_RULES.get(base)
+    if sep and spec is not None and spec.option and value:
+        return base, {spec.option: value}
+    return name, {}
 
 
 def refuted(name: str) -> str:
@@ -74,4 +85,4 @@ def tree_rule_names(scheme: str) -> tuple[str, ...]:
     return tuple(name for name, spec in TREE_RULES.items() if scheme in spec.schemes)
 
 
-__all__ = ["TREE_RULES", "TreeRuleSpec", "refuted", "tree_rule_names"]
+__all__ = ["TREE_RULES", "TreeRuleSpec", "refuted", "split_name", "tree_rule_names"]
