@@ -124,6 +124,40 @@ def block_law(targets: torch.Tensor, drafts: torch.Tensor, chain: torch.Tensor) 
     return torch.from_numpy(tau).to(targets.device), torch.from_numpy(res).to(targets.device)
 
 
+def single_chain(tree, name: str) -> list[int]:
+    """The nodes of a draft tree that is one chain (k = 1), root first; a tree is refused in one line."""
+    nodes = [0]
+    while tree.children[nodes[-1]]:
+        kids = tree.children[nodes[-1]]
+        if len(kids) != 1:
+            raise OtmError(f"{name} verifies a single draft chain (k = 1): use a level-by-level verifier or traversal "
+                           "for trees")
+        nodes.append(kids[0])
+    return nodes
+
+
+def emit_block(dec, tree, nodes: list[int], tau: int, residuals, target_laws, name: str) -> tuple[list[int], list[int]]:
+    """What a block rule emits once it has drawn ``tau`` on the path ``nodes`` (root first): the path's first
+    ``tau`` tokens, then the target's own draw at the path's end (``tau`` = its length) or a token of
+    ``residuals[tau]`` (``[V]`` laws, numpy or torch); the depths reached and accepted are counted as
+    level by level would count them. Returns ``(emitted, accepted path nodes)``."""
+    gamma = len(nodes) - 1
+    for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau
+        dec.stats.verified_by_depth[depth] += 1
+    for depth in range(tau):
+        dec.stats.accepted_by_depth[depth] += 1
+    emitted = [int(tree.tokens[n]) for n in nodes[1 : tau + 1]]
+    if tau == gamma:
+        emitted.append(dec.bonus(tree, nodes[-1], target_laws))
+    else:
+        row = residuals[tau]
+        row = row if isinstance(row, torch.Tensor) else torch.from_numpy(row)
+        if not bool(row.sum() > 0):
+            raise OtmError(f"{name} drew tau = {tau} whose residual has no mass: report this law")
+        emitted.append(dec.chance.index(row.to(target_laws.device)[None]))
+    return emitted, nodes[1 : tau + 1]
+
+
 class Block(TreeRule):
     """Block verification of a single draft chain (k = 1); see the module docstring."""
 
@@ -132,30 +166,12 @@ class Block(TreeRule):
     def walk(self, dec, tree, drafts, target_laws):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
-        chain_nodes = [0]
-        while tree.children[chain_nodes[-1]]:
-            kids = tree.children[chain_nodes[-1]]
-            if len(kids) != 1:
-                raise OtmError("block verification takes a single draft chain (k = 1): use a level-by-level "
-                               "verifier for trees")
-            chain_nodes.append(kids[0])
-        gamma = len(chain_nodes) - 1
-        chain = torch.tensor([int(tree.tokens[n]) for n in chain_nodes[1:]], device=target_laws.device)  # [gamma]
-        q = torch.cat([dec.node_draft_law(tree, n, drafts).to(target_laws.device) for n in chain_nodes[:-1]])  # [gamma, V]
-        tau_law, residuals = block_law(target_laws[chain_nodes], q, chain)
+        nodes = single_chain(tree, "block verification")
+        chain = torch.tensor([int(tree.tokens[n]) for n in nodes[1:]], device=target_laws.device)  # [gamma]
+        q = torch.cat([dec.node_draft_law(tree, n, drafts).to(target_laws.device) for n in nodes[:-1]])  # [gamma, V]
+        tau_law, residuals = block_law(target_laws[nodes], q, chain)
         tau = dec.chance.index(tau_law[None])
-        for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau (as level by level would count them)
-            dec.stats.verified_by_depth[depth] += 1
-        for depth in range(tau):
-            dec.stats.accepted_by_depth[depth] += 1
-        emitted = chain[:tau].tolist()
-        if tau == gamma:
-            emitted.append(dec.bonus(tree, chain_nodes[-1], target_laws))
-        else:
-            if not bool(residuals[tau].sum() > 0):
-                raise OtmError(f"block verification drew tau = {tau} whose residual has no mass: report this law")
-            emitted.append(dec.chance.index(residuals[tau : tau + 1]))
-        return emitted, chain_nodes[1 : tau + 1]
+        return emit_block(dec, tree, nodes, tau, residuals, target_laws, "block verification")
 
 
 # -- traversal verification ----------------------------------------------------------------------
@@ -249,5 +265,5 @@ class Traversal(TreeRule):
         return emitted, path
 
 
-__all__ = ["Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
+__all__ = ["emit_block", "single_chain", "Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
            "block_law", "traversal_law"]

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..laws import OtmError
 from ..tree_verifiers.gbv import gbv_decision
-from .tree_rules import TreeRule
+from .tree_rules import TreeRule, emit_block
 
 
 class GBV(TreeRule):
@@ -37,20 +36,8 @@ class GBV(TreeRule):
         K = int(tree.node_of.shape[0])  # the step's rows (on a delayed tree they branch at the shared path's end)
         path, tau_law, residuals = gbv_decision(
             tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)), K)
-        gamma = int(path.chain.size)
         tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
-        for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau (as Block counts them)
-            dec.stats.verified_by_depth[depth] += 1
-        for depth in range(tau):
-            dec.stats.accepted_by_depth[depth] += 1
-        emitted = path.chain[:tau].tolist()
-        if tau == gamma:
-            emitted.append(dec.bonus(tree, path.nodes[-1], target_laws))
-        else:
-            if not residuals[tau].sum() > 0:
-                raise OtmError(f"GBV drew tau = {tau} whose residual has no mass: report this law")
-            emitted.append(dec.chance.index(torch.from_numpy(residuals[tau]).to(device)[None]))
-        return emitted, path.nodes[1 : tau + 1]
+        return emit_block(dec, tree, path.nodes, tau, residuals, target_laws, "GBV")
 
 
 __all__ = ["GBV"]

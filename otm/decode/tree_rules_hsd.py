@@ -29,7 +29,7 @@ import torch
 
 from ..laws import OtmError
 from ..tree_verifiers.hsd import hsd_code_law, hsd_law
-from .tree_rules import TreeRule
+from .tree_rules import TreeRule, emit_block, single_chain
 
 
 def _host(x: torch.Tensor):
@@ -46,34 +46,15 @@ class _ChainRule(TreeRule):
     def walk(self, dec, tree, drafts, target_laws):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
-        nodes = [0]
-        while tree.children[nodes[-1]]:
-            kids = tree.children[nodes[-1]]
-            if len(kids) != 1:
-                raise OtmError(f"{self.name} verifies a single draft chain (k = 1): use a level-by-level verifier or "
-                               "traversal for trees")
-            nodes.append(kids[0])
-        gamma = len(nodes) - 1
-        device = target_laws.device
+        nodes = single_chain(tree, self.name)
         chain = torch.tensor([int(tree.tokens[n]) for n in nodes[1:]])  # [gamma]
         q = torch.cat([dec.node_draft_law(tree, n, drafts) for n in nodes[:-1]])  # [gamma, V]
         tau_law, residuals, unusable = self.law(_host(target_laws[nodes]), _host(q), chain.numpy())
-        tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
-        for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau (as Block counts them)
-            dec.stats.verified_by_depth[depth] += 1
-        for depth in range(tau):
-            dec.stats.accepted_by_depth[depth] += 1
-        emitted = chain[:tau].tolist()
-        if tau == gamma:
-            emitted.append(dec.bonus(tree, nodes[-1], target_laws))
-        elif unusable[tau]:
+        tau = dec.chance.index(torch.from_numpy(tau_law).to(target_laws.device)[None])
+        if tau < len(nodes) - 1 and unusable[tau]:
             raise OtmError(f"{self.name}: the public code would draw the token after level {tau} from a NaN law "
                            "(its branch laws agree there exactly): torch.multinomial fails on it")
-        else:
-            if not residuals[tau].sum() > 0:
-                raise OtmError(f"{self.name} kept level {tau} whose residual has no mass: report this law")
-            emitted.append(dec.chance.index(torch.from_numpy(residuals[tau]).to(device)[None]))
-        return emitted, nodes[1 : tau + 1]
+        return emit_block(dec, tree, nodes, tau, residuals, target_laws, self.name)
 
 
 class Hsd(_ChainRule):
