@@ -43,6 +43,12 @@ CASES = [(V, k, L) for V in (3, 4) for k in (1, 2) for L in (1, 2)]
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python analysis/tree_optimum_table.py"
 
 
+def label(rule: str, scheme: str) -> str:
+    """A rule's row name: ``traversal_without_replacement`` for traversal on roots drawn without replacement (and
+    likewise for every rule that runs on both schemes), the rule's own name otherwise."""
+    return rule if scheme == "iid" or rule.endswith("without_replacement") else f"{rule}_without_replacement"
+
+
 def run_one(V: int, k: int, L: int, temperature: float, seed: int) -> list[dict]:
     from otm.decode import Sampling
     from otm.decode.toy import ToyLM
@@ -59,7 +65,7 @@ def run_one(V: int, k: int, L: int, temperature: float, seed: int) -> list[dict]
             if k == 1 and rule in ("kseq", "rrs", "optimal", "traversal"):  # one draft: speculative's rule, or block's
                 continue
             got = rule_tokens_per_call(t, d, PROMPT, k, L, rule, scheme, s)
-            name = "traversal_without_replacement" if (rule, scheme) == ("traversal", "without_replacement") else rule
+            name = label(rule, scheme)
             if got > opt.value + 1e-9:
                 raise AssertionError(f"{rule} above the optimum at V={V} k={k} L={L} T={temperature} seed={seed}")
             out.append({"V": V, "k": k, "L": L, "temperature": temperature, "seed": seed, "scheme": scheme,
@@ -85,7 +91,7 @@ def main(argv=None) -> None:
             for seed in range(args.seeds):
                 kk = (V, k, L, temperature, seed, rules)
                 if kk in done:
-                    rows.extend(done[kk]["rows"])
+                    rows.extend({**r, "rule": label(r["rule"], r["scheme"])} for r in done[kk]["rows"])
                     continue
                 got = run_one(V, k, L, temperature, seed)
                 with cache.open("a") as f:
