@@ -149,22 +149,23 @@ def figure(summary: list[dict], stem: Path, conditions: str) -> None:
 
     rules = list(dict.fromkeys(r["rule"] for r in summary))
     cases = [c for c in CASES if any((r["V"], r["k"], r["L"]) == c for r in summary)]
-    fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(15, 4.8), sharey=True)
-    colors = {rule: f"C{i}" for i, rule in enumerate(rules)}
+    fig, axes = plt.subplots(1, len(TEMPERATURES), figsize=(18, 5.2), sharey=True)
+    palette = plt.get_cmap("tab20").colors  # one colour per rule (more rules than tab10's ten)
+    colors = {rule: palette[i % len(palette)] for i, rule in enumerate(rules)}
     for ax, temperature in zip(axes, TEMPERATURES):
         for j, c in enumerate(cases):
             here = [r for r in summary if (r["V"], r["k"], r["L"]) == c and r["temperature"] == temperature]
             width = 0.8 / max(len(here), 1)
             for i, m in enumerate(here):
                 ax.bar(j + (i - (len(here) - 1) / 2) * width, m["ratio_mean"], width, color=colors[m["rule"]],
-                       yerr=[[m["ratio_mean"] - m["ratio_min"]], [0]], capsize=2)
+                       yerr=[[m["ratio_mean"] - m["ratio_min"]], [0]], capsize=1, error_kw={"lw": 0.6})
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(range(len(cases)), [f"V={V} k={k} L={L}" for V, k, L in cases], fontsize=8, rotation=45,
                       ha="right")
         ax.set_title(f"temperature {temperature}")
         ax.set_xlabel("case (vocabulary V, drafts k, depth L)")
     handles = [matplotlib.patches.Patch(color=colors[r], label=r) for r in rules]
-    fig.legend(handles=handles, loc="lower center", ncol=len(rules), fontsize=9, bbox_to_anchor=(0.5, -0.2))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(rules), 7), fontsize=9, bbox_to_anchor=(0.5, -0.25))
     axes[0].set_ylabel("tokens per target call / one-step optimum\n(bar: mean over seeds; whisker: minimum)")
     lows = [r["ratio_min"] for r in summary]
     axes[0].set_ylim(max(0.0, min(lows) - 0.02), 1.005)
