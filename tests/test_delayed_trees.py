@@ -137,13 +137,24 @@ def test_spectr_gbv_refuses_delayed_trees_and_would_be_lossy(monkeypatch):
     assert _error("spectr_gbv") > 5e-2
 
 
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
+def test_tree_lp_on_delayed_trees_is_exact_and_reaches_the_lp(scheme):
+    """The tree LP's plan for the delayed shape (solve_tree_plan(delay=)) drawn by TreeLP: the target's law to
+    1e-12, and its first step's tokens per call equal the LP's value on the delayed tree."""
+    from otm.analysis.tree_optimum import rule_tokens_per_call, tree_optimum
+
+    assert _error("tree_lp", scheme, V=2, k=2, L=2, delay=1, T=3) < 1e-12
+    t, d = ToyLM(2, seed=2), ToyLM(2, seed=3)
+    got = rule_tokens_per_call(t, d, [0, 1], 2, 2, "tree_lp", scheme, delay=1)
+    assert got == pytest.approx(tree_optimum(t, d, [0, 1], 2, 2, scheme, delay=1).value, abs=1e-9)
+
+
 def test_bad_delay_is_refused():
     target, draft = ToyLM(3, seed=0), ToyLM(3, seed=1)
     for delay in (3, -1, 1.5):
         with pytest.raises(OtmError, match="0 <= delay < length"):
             speculative_decode(target, draft, PROMPT, k=2, length=3, delay=delay, max_new_tokens=4, seed=0)
-    with pytest.raises(OtmError, match="tree_lp rule takes no delayed tree"):
-        speculative_decode(target, draft, PROMPT, k=2, length=3, delay=1, verifier="tree_lp", max_new_tokens=4)
+
 
 
 def test_shared_path_is_drafted_at_batch_one(monkeypatch):

@@ -49,8 +49,8 @@ Exactness (each emitted token follows the target's processed law given the token
   i.i.d. draft, m = 1, for every rule above; ``rows_through`` holds it once), and the branching node at
   depth L1 has the k draws of the scheme, which the rules treat as they treat the root's (the
   without-replacement verifier runs there: :attr:`DraftTree.delay`); the argument above then holds
-  node by node. Rules that read the k rows as k draws at the root (``spectr_gbv``) or solve for rows
-  from the root (``tree_lp``) refuse a delay (:data:`NO_DELAY`).
+  node by node. A rule that reads the k rows as k draws at the root (``spectr_gbv``) refuses a
+  delay (:data:`NO_DELAY`); ``tree_lp`` solves the LP of the delayed shape.
 * the bonus token after a fully accepted path and the correction token are the target's own
   law given the path (the correction is part of the verifier's rule).
 
@@ -221,7 +221,6 @@ def _check_positive(value, name: str, meaning: str) -> int:
 
 
 NO_DELAY = {
-    "tree_lp": "its plan is solved for trees of k rows from the root",
     "spectr_gbv": "it verifies the k rows as k draws at the root, while a delayed tree draws its shared path once "
                   "(law error 0.085 at V = 3, k = 2, depth 2, delay 1: tests/test_delayed_trees.py)",
 }

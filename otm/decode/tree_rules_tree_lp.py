@@ -110,18 +110,19 @@ class TreeLP(TreeRule):
                                    model_law(self.draft_lm, list(context), self.sampling))
         return self._laws[context]
 
-    def plan_key(self, context: tuple, k: int, L: int, scheme: str) -> tuple:
+    def plan_key(self, context: tuple, k: int, L: int, scheme: str, delay: int = 0) -> tuple:
         """The cache key of a step's plan: the context's tokens and the step's shape."""
-        return (tuple(context), k, L, scheme)
+        return (tuple(context), k, L, scheme, delay)
 
-    def plan(self, context: tuple, k: int, L: int, scheme: str) -> tuple[TreePlan, tuple]:
-        """``(plan, source)``: the optimal plan of the step from ``context`` with k rows of depth L (solved
-        once, then cached) and the context whose laws it was built from (checked by :meth:`check_laws`)."""
-        key = self.plan_key(context, k, L, scheme)
+    def plan(self, context: tuple, k: int, L: int, scheme: str, delay: int = 0) -> tuple[TreePlan, tuple]:
+        """``(plan, source)``: the optimal plan of the step from ``context`` with k rows of depth L (after a
+        shared path of ``delay`` tokens: a delayed tree) (solved once, then cached) and the context whose
+        laws it was built from (checked by :meth:`check_laws`)."""
+        key = self.plan_key(context, k, L, scheme, delay)
         if key not in self.plans:
             target, draft = self.laws(tuple(context))
             self.plans[key] = solve_tree_plan(target, draft, k, L, scheme, max_trees=self.max_trees,
-                                              max_variables=self.max_variables)
+                                              max_variables=self.max_variables, delay=delay)
             self.sources[key] = tuple(context)
         return self.plans[key], self.sources[key]
 
@@ -187,7 +188,10 @@ class TreeLP(TreeRule):
         context = self.context(dec, tree)
         prefixes = node_prefixes(tree)
         L = int(drafts.rows.shape[1])  # the step's depth (cut near max_new_tokens)
-        plan, source = self.plan(context, dec.k, L, dec.scheme)
+        k, delay = dec.k, int(getattr(tree, "delay", 0))
+        if delay >= L:  # a delayed step cut to its shared path near max_new_tokens: one chain, one draw per node
+            k, delay = 1, 0
+        plan, source = self.plan(context, k, L, dec.scheme if k > 1 else "iid", delay)
         self.check_laws(dec, tree, drafts, target_laws, source, prefixes)
         blocks, weights = self.conditional(plan, self.node_set(tree, prefixes))
         i = dec.chance.index(torch.from_numpy(np.asarray(weights, dtype=np.float64)).to(target_laws.device)[None])
