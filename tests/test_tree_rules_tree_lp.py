@@ -100,7 +100,7 @@ def test_the_polished_plan_meets_the_rows_and_the_raw_vertex_may_not():
 def test_planted_stale_plan_is_caught_by_the_exact_mode():
     """Planted bug: the plan cache keyed without the context (the first context's plan reused at every
     later step), the law guard switched off: law error 0.068 (TV 0.17) at V = 3, k = 2, L = 1, T = 3."""
-    with mock.patch.object(TreeLP, "plan_key", lambda self, context, k, L, scheme: (k, L, scheme)), \
+    with mock.patch.object(TreeLP, "plan_key", lambda self, context, k, L, scheme, delay=0: (k, L, scheme, delay)), \
             mock.patch.object(TreeLP, "check_laws", lambda *args: None):
         err, tv, _ = _exact(3, 2, 1, 3, "iid", Sampling(), (0, 1))
     assert err > 0.05 and tv > 0.1
@@ -108,7 +108,7 @@ def test_planted_stale_plan_is_caught_by_the_exact_mode():
 
 def test_the_law_guard_refuses_a_stale_plan():
     """The same stale cache with the guard on: the decoder's laws are not those the plan was built from."""
-    with mock.patch.object(TreeLP, "plan_key", lambda self, context, k, L, scheme: (k, L, scheme)):
+    with mock.patch.object(TreeLP, "plan_key", lambda self, context, k, L, scheme, delay=0: (k, L, scheme, delay)):
         with pytest.raises(OtmError, match="differs from TreeLP's"):
             _exact(3, 2, 1, 3, "iid", Sampling(), (0, 1))
 
@@ -117,7 +117,7 @@ def test_planted_scheme_ignored_is_caught_by_the_exact_mode():
     """Planted bug: the i.i.d. scheme's plan used for drafts without replacement (every node set of the
     latter is one of the former, so it runs): law error 0.085 (TV 0.40) at V = 3, k = 2, L = 1, T = 3."""
     original = TreeLP.plan
-    with mock.patch.object(TreeLP, "plan", lambda self, context, k, L, _: original(self, context, k, L, "iid")):
+    with mock.patch.object(TreeLP, "plan", lambda self, context, k, L, _, delay=0: original(self, context, k, L, "iid", delay)):
         err, tv, _ = _exact(3, 2, 1, 3, "without_replacement", Sampling(), (0, 1))
     assert err > 0.05 and tv > 0.3
 
