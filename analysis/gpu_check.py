@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -195,8 +194,12 @@ def _llama(layers, V, hidden, inter, heads, kv, seed, device, dtype):
     return model
 
 
-def decoder_runs(device, quick: bool, new_tokens: int) -> dict:
+def decoder_runs(device, quick: bool, new_tokens: int, step: str = "none") -> dict:
+    """Decoder rows on a random-weight Llama pair; ``step`` other than none adds the static-shape step's rows
+    (``static``: eager kernels, what the quick check runs so the path cannot rot; a torch.compile mode, e.g.
+    ``reduce-overhead`` for CUDA graphs)."""
     from otm.decode import autoregressive_decode, speculative_decode
+    from otm.decode.steps import compile_options
 
     if quick:
         shape = dict(V=512, hidden=64, inter=128, heads=4, kv=2)
@@ -228,6 +231,19 @@ def decoder_runs(device, quick: bool, new_tokens: int) -> dict:
                    lambda c, v=verifier, k=k, L=L, d=draft: speculative_decode(
                        target, d, prompt, k=k, length=L, verifier=v, max_new_tokens=new_tokens, seed=0,
                        validate=False, count_host_reads=c))
+    if step != "none":
+        opts = compile_options(step)
+        if "compile" in opts:  # compile every shape before anything is timed
+            from otm.decode.static import warm_all
+
+            autoregressive_decode(target, prompt, max_new_tokens=4, seed=0, **opts)
+            speculative_decode(target, small, prompt, k=4, length=2, max_new_tokens=4, seed=0, validate=False, **opts)
+            warm_all(target, small)
+        record(f"autoregressive, {step} step", lambda c: autoregressive_decode(
+            target, prompt, max_new_tokens=new_tokens, seed=0, count_host_reads=c, **opts))
+        record(f"kseq k=4 L=2, 2-layer draft, {step} step", lambda c: speculative_decode(
+            target, small, prompt, k=4, length=2, verifier="kseq", max_new_tokens=new_tokens, seed=0, validate=False,
+            count_host_reads=c, **opts))
     ar = runs[0]["tokens_per_second"]
     for r in runs:
         r["speedup"] = r["tokens_per_second"] / ar
@@ -293,6 +309,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes on the CPU (what make test runs)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "gpu_check")
+    ap.add_argument("--compile", default=None, choices=("none", "static", "default", "reduce-overhead"),
+                    help="also run the decoder's static-shape step this way (default: static in --quick, none "
+                         "on a GPU; reduce-overhead = CUDA graphs, allow a few minutes of compilation)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
@@ -312,7 +331,8 @@ def main(argv=None) -> int:
     else:
         tim = timings(device, [49152, 128256, 151936], [1, 32, 256], [1, 2, 4, 8], reps=20)
     print("(c) decoder ...", flush=True)
-    dec = decoder_runs(device, args.quick, 16 if args.quick else 128)
+    step = args.compile or ("static" if args.quick else "none")
+    dec = decoder_runs(device, args.quick, 16 if args.quick else 128, step)
     import transformers
 
     report = {"mode": "quick (CPU)" if args.quick else "full", "device": name, "torch": torch.__version__,

@@ -30,6 +30,8 @@ def test_quick_mode_writes_its_report_and_the_planted_bug_is_rejected(gpu_check,
     assert runs["autoregressive"]["block_efficiency"] == 1.0
     ceiling = runs["speculative k=1 L=4, the target as its own draft"]
     assert ceiling["block_efficiency"] > 3.0 and ceiling["host_reads_per_step"]["verify"] > 0
+    static = runs["kseq k=4 L=2, 2-layer draft, static step"]  # the static-shape step's rows (quick: eager kernels)
+    assert static["tokens"] == runs["kseq k=4 L=2, 2-layer draft"]["tokens"] and runs["autoregressive, static step"]
     for name in ("gpu_check.md", "verify_us.png", "verify_us.svg"):
         assert (tmp_path / name).stat().st_size > 0
     assert "## (c) the decoder" in (tmp_path / "gpu_check.md").read_text()

@@ -93,6 +93,9 @@ def _slot_cache_class():
                 self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=key_states.device))
                 self.values.append(torch.zeros((self.batch, h, self.capacity, value_states.shape[-1]),
                                                dtype=value_states.dtype, device=value_states.device))
+                if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may then keep them
+                    torch._dynamo.mark_static_address(self.keys[-1])
+                    torch._dynamo.mark_static_address(self.values[-1])
             keys, values = self.keys[layer_idx], self.values[layer_idx]
             keys.index_copy_(2, self.slots, key_states.to(keys.dtype))
             values.index_copy_(2, self.slots, value_states.to(values.dtype))
