@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from otm.decode.bench import (
     Contender, Costs, Row, best_speculative, contenders, format_table, measure_costs, predicted_tokens_per_second,

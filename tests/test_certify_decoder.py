@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import otm.torch as ot
 from otm.certify import certify

@@ -26,7 +26,7 @@ import torch
 
 import otm.decode.tree_rules as tree_rules
 from otm.decode import Sampling, speculative_decode
-from otm.decode.exact_mode import as_vectors, exact_decode, exact_decode_law, law_error, target_law
+from otm.decode.exact_mode import as_vectors, exact_decode_law, law_error, target_law
 from otm.decode.toy import ToyLM, model_law
 from otm.decode.tree_rules import block_law
 from otm.laws import OtmError

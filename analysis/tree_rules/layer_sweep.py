@@ -8,7 +8,6 @@ otm.analysis.tree_optimum.draft_rows; cross-checked against the decoder's exact 
 (rule_tokens_per_call) on a few cases by tests/test_tree_rules_layer.py.
 """
 import sys, time, json
-import numpy as np
 import torch
 torch.set_num_threads(1)
 from otm.analysis.tree_optimum import draft_rows, solve_tree_lp
