@@ -20,7 +20,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import otm.decode.decoder as decoder_module
 from otm.analysis.tree_optimum import draft_rows, rule_tokens_per_call, tree_law, tree_optimum
 from otm.decode import Sampling, speculative_decode
 from otm.decode.exact_mode import exact_decode_law, law_error, target_law
@@ -133,7 +132,11 @@ def test_spectr_gbv_refuses_delayed_trees_and_would_be_lossy(monkeypatch):
     Refused in one line; let through, its law error is 0.085 (V = 3, k = 2, depth 2, delay 1, T = 3)."""
     with pytest.raises(OtmError, match="spectr_gbv rule takes no delayed tree"):
         _error("spectr_gbv")
-    monkeypatch.setattr(decoder_module, "NO_DELAY", {})
+    from dataclasses import replace
+
+    from otm.decode.tree_registry import TREE_RULES
+
+    monkeypatch.setitem(TREE_RULES, "spectr_gbv", replace(TREE_RULES["spectr_gbv"], no_delay=""))
     assert _error("spectr_gbv") > 5e-2
 
 
@@ -300,19 +303,9 @@ def test_cli_decode_and_bench_take_a_delay(tmp_path, capsys):
 @pytest.mark.research
 def test_delayed_trees_with_a_feature_draft_are_exact():
     """The feature-draft path (EAGLE-style: the shared path's features guessed at batch 1, expanded at the branch)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from strategies import float64_feature_pair
 
-    from otm.decode.feature_draft import build_feature_draft
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.6,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    target = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    draft = build_feature_draft(target, layers=1, seed=1).to(torch.float64)
-    for layer in draft.modules():  # a draft that is not the target: random, well away from zero
-        if isinstance(layer, torch.nn.Linear) and layer.weight is not target.lm_head.weight:
-            torch.nn.init.normal_(layer.weight, std=0.5)
+    target, draft = float64_feature_pair()
     for rule, delay in (("kseq", 1), ("traversal", 2)):
         law = exact_decode_law(target, draft, [1, 2], max_new_tokens=4, k=2, length=3, delay=delay, verifier=rule)
         assert law_error(law, target_law(model_law(target, [1, 2]), 4)) < 1e-12, rule

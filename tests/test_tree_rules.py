@@ -16,6 +16,7 @@ TV 0.0235) and that bug as negative control.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from unittest import mock
@@ -31,6 +32,7 @@ from otm.decode.toy import ToyLM, model_law
 from otm.decode.tree_rules import block_law
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
+from strategies import law_tables
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -176,19 +178,9 @@ def test_block_needs_a_single_chain():
 
 def test_block_is_exact_with_a_feature_draft():
     """The feature-draft path (EAGLE-style) re-feeds accepted tokens with true features: same law."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from strategies import float64_feature_pair
 
-    from otm.decode.feature_draft import build_feature_draft
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.6,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    target = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    draft = build_feature_draft(target, layers=1, seed=1).to(torch.float64)
-    for layer in draft.modules():  # a draft that is not the target: random, well away from zero
-        if isinstance(layer, torch.nn.Linear) and layer.weight is not target.lm_head.weight:
-            torch.nn.init.normal_(layer.weight, std=0.5)
+    target, draft = float64_feature_pair()
     law = exact_decode_law(target, draft, [1, 2], max_new_tokens=3, k=1, length=2, verifier="block")
     assert law_error(law, target_law(model_law(target, [1, 2]), 3)) < 1e-12
 
@@ -447,22 +439,7 @@ from test_tree_optimum import lossless_violation  # noqa: E402
 from hyp import examples
 
 
-@st.composite
-def _law_tables(draw):
-    V = draw(st.integers(2, 3))
-    k = draw(st.integers(1, 3))
-    L = draw(st.integers(1, 2))
-    scheme = draw(st.sampled_from(["iid", "without_replacement"]))
-    mass = st.one_of(st.just(0.0), st.just(1e-12), st.floats(0.01, 1.0))
-
-    def law():
-        w = np.array(draw(st.lists(mass, min_size=V, max_size=V)))
-        if w.sum() <= 0:
-            w[draw(st.integers(0, V - 1))] = 1.0
-        return w / w.sum()
-
-    prefixes = [p for n in range(L + 2) for p in itertools.product(range(V), repeat=n)]
-    return V, k, L, scheme, {p: law() for p in prefixes}, {p: law() for p in prefixes}
+_law_tables = functools.partial(law_tables, st.sampled_from(["iid", "without_replacement"]))
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -25,9 +25,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import otm.tree_verifiers.gbv as gbv
 from hyp import examples
@@ -40,6 +38,7 @@ from otm.decode.tree_registry import TREE_RULES, tree_rule_names
 from otm.decode.tree_rules_gbv import GBV
 from otm.laws import OtmError
 from otm.tree_verification import block_law
+from strategies import law_tables
 from test_tree_optimum import lossless_violation
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -234,21 +233,7 @@ def test_residual_below_rounding_is_refused_loudly():
         gbv.gbv_law(tree, lambda n: P[prefix[n]], lambda n: Q[prefix[n]], 2)
 
 
-@st.composite
-def _law_tables(draw):
-    V = draw(st.integers(2, 3))
-    k = draw(st.integers(1, 3))
-    L = draw(st.integers(1, 2))
-    mass = st.one_of(st.just(0.0), st.just(1e-12), st.floats(0.01, 1.0))
-
-    def law():
-        w = np.array(draw(st.lists(mass, min_size=V, max_size=V)))
-        if w.sum() <= 0:
-            w[draw(st.integers(0, V - 1))] = 1.0
-        return w / w.sum()
-
-    prefixes = [p for n in range(L + 2) for p in itertools.product(range(V), repeat=n)]
-    return V, k, L, {p: law() for p in prefixes}, {p: law() for p in prefixes}
+_law_tables = law_tables
 
 
 def _block_law_over_trees(case, **kw) -> dict:
@@ -366,18 +351,8 @@ def test_bad_input_is_one_line():
 def test_gbv_is_exact_with_a_feature_draft():
     """The feature-draft path (EAGLE-style, rows drawn from guessed features) with GBV: the target's law
     (about 3 s alone: make test-slow)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from strategies import float64_feature_pair
 
-    from otm.decode.feature_draft import build_feature_draft
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.6,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    target = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    draft = build_feature_draft(target, layers=1, seed=1).to(torch.float64)
-    for layer in draft.modules():  # a draft that is not the target: random, well away from zero
-        if isinstance(layer, torch.nn.Linear) and layer.weight is not target.lm_head.weight:
-            torch.nn.init.normal_(layer.weight, std=0.5)
+    target, draft = float64_feature_pair()
     law = exact_decode_law(target, draft, [1, 2], max_new_tokens=3, k=2, length=1, verifier="gbv")
     assert law_error(law, target_law(model_law(target, [1, 2]), 3)) < 1e-12

@@ -14,6 +14,7 @@ optimum and above level-by-level with the same verifier (more cases under ``-m r
 
 from __future__ import annotations
 
+import functools
 import itertools
 from unittest import mock
 
@@ -31,6 +32,7 @@ from otm.laws import OtmError
 from otm.tree_verification import block_law, traversal_law
 from otm.tree_verifiers.layer import layer_law, step_laws
 from otm.verifiers import VERIFIERS
+from strategies import law_tables
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -274,23 +276,8 @@ from hyp import examples  # noqa: E402
 from test_tree_optimum import lossless_violation  # noqa: E402
 
 
-@st.composite
-def _law_tables(draw):
-    V = draw(st.integers(2, 3))
-    k = draw(st.integers(1, 3))
-    L = draw(st.integers(1, 2))
-    scheme = draw(st.sampled_from(["iid", "without_replacement"]))
-    step = draw(st.sampled_from(["kseq", "rrs", "optimal"]))
-    mass = st.one_of(st.just(0.0), st.just(1e-12), st.floats(0.01, 1.0))
-
-    def law():
-        w = np.array(draw(st.lists(mass, min_size=V, max_size=V)))
-        if w.sum() <= 0:
-            w[draw(st.integers(0, V - 1))] = 1.0
-        return w / w.sum()
-
-    prefixes = [p for n in range(L + 2) for p in itertools.product(range(V), repeat=n)]
-    return V, k, L, scheme, step, {p: law() for p in prefixes}, {p: law() for p in prefixes}
+_law_tables = functools.partial(law_tables, st.sampled_from(["iid", "without_replacement"]),
+                                st.sampled_from(["kseq", "rrs", "optimal"]))
 
 
 def _check_layer_lossless(case):

@@ -50,7 +50,7 @@ Exactness (each emitted token follows the target's processed law given the token
   depth L1 has the k draws of the scheme, which the rules treat as they treat the root's (the
   without-replacement verifier runs there: :attr:`DraftTree.delay`); the argument above then holds
   node by node. A rule that reads the k rows as k draws at the root (``spectr_gbv``) refuses a
-  delay (:data:`NO_DELAY`); ``tree_lp`` solves the LP of the delayed shape.
+  delay (:attr:`TreeRuleSpec.no_delay <otm.decode.tree_registry.TreeRuleSpec>`); ``tree_lp`` solves the LP of the delayed shape.
 * the bonus token after a fully accepted path and the correction token are the target's own
   law given the path (the correction is part of the verifier's rule).
 
@@ -220,21 +220,15 @@ def _check_positive(value, name: str, meaning: str) -> int:
     return int(value)
 
 
-NO_DELAY = {
-    "spectr_gbv": "it verifies the k rows as k draws at the root, while a delayed tree draws its shared path once "
-                  "(law error 0.085 at V = 3, k = 2, depth 2, delay 1: tests/test_delayed_trees.py)",
-}
-"""Registered whole-tree rules that refuse a delayed tree (``delay > 0``), with why."""
-
-
 def check_delay(delay, length: int, verifier=None) -> int:
     """The shared path's length of a delayed tree (``speculative_decode``'s ``delay``), checked:
-    ``0 <= delay < length``, and not with a rule of :data:`NO_DELAY`."""
+    ``0 <= delay < length``, and not with a rule whose registry record refuses it (``TreeRuleSpec.no_delay``)."""
     if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay < length:
         raise OtmError(f"delay must be a whole number with 0 <= delay < length = {length} (the shared draft path "
                        f"before the rows branch; 0: rows from the root), got {delay!r}")
-    if delay and isinstance(verifier, str) and verifier in NO_DELAY:
-        raise OtmError(f"the {verifier} rule takes no delayed tree ({NO_DELAY[verifier]}): use delay 0 or another rule")
+    why = TREE_RULES[verifier].no_delay if isinstance(verifier, str) and verifier in TREE_RULES else ""
+    if delay and why:
+        raise OtmError(f"the {verifier} rule takes no delayed tree ({why}): use delay 0 or another rule")
     return int(delay)
 
 
@@ -690,7 +684,7 @@ def speculative_decode(
         their k first tokens are distinct). ``0 <= delay < length``; 0 (default) is the usual tree of k
         rows from the root. Near ``max_new_tokens`` the depth is cut first: a step of depth <= delay is
         the shared path alone. Every rule stays exact (the tree holds one draw per shared node:
-        :class:`~otm.decode.tree.DraftTree`), except those refused in one line (:data:`NO_DELAY`).
+        :class:`~otm.decode.tree.DraftTree`), except those refused in one line (:attr:`TreeRuleSpec.no_delay <otm.decode.tree_registry.TreeRuleSpec>`).
 
     Returns
     -------

@@ -28,6 +28,7 @@ class TreeRuleSpec:
     refuted: str = ""  # not lossless: why, in one line (kept registered so the refutation can be reproduced)
     needs_models: bool = False  # made with the run's models and sampling (target_lm=, draft_lm=, sampling=)
     option: str = ""  # "NAME:VALUE" passes VALUE as this keyword (layer:kseq -> Layer(step="kseq"))
+    no_delay: str = ""  # refuses a delayed tree (delay > 0): why, in one line
 
     def make(self, **options):
         """A fresh instance of the rule (``options``: its keyword arguments)."""
@@ -43,6 +44,9 @@ TREE_RULES: dict[str, TreeRuleSpec] = {
         TreeRuleSpec("traversal", ".tree_rules:Traversal", ("iid", "without_replacement"),
                      summary="traversal verification, leaves first (Weng et al., NeurIPS 2025)"),
         TreeRuleSpec("spectr_gbv", ".tree_rules_spectr_gbv:SpectrGbv", ("iid", "without_replacement"),
+                     no_delay="it verifies the k rows as k draws at the root, while a delayed tree draws its shared "
+                              "path once (law error 0.085 at V = 3, k = 2, depth 2, delay 1: "
+                              "tests/test_delayed_trees.py)",
                      summary="K draft blocks verified in turn with block verification (a reading of Lin et al., "
                              "arXiv 2604.25925)"),
         TreeRuleSpec("gbv", ".tree_rules_gbv:GBV", ("iid",),
