@@ -475,3 +475,33 @@ def test_the_lossless_property_catches_the_merged_tree_bug():
     with mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only)):
         with pytest.raises(AssertionError):
             _check_traversal_lossless((V, k, L, "iid", P, Q))
+
+
+def _residual_off_by_ten_percent(emit):
+    """Planted: the residual a block rule draws from after a rejection is 10 % off (mixed with the target's own
+    law at that node), in the emission shared by block, HSD and GBV (tree_rules.emit_block)."""
+    def planted(dec, tree, nodes, tau, residuals, target_laws, name):
+        res = residuals if isinstance(residuals, torch.Tensor) else torch.from_numpy(residuals)
+        res = res.clone().to(torch.float64)
+        if tau < len(nodes) - 1:
+            res[tau] = 0.9 * res[tau] + 0.1 * target_laws[nodes[tau]].to(res)
+        return emit(dec, tree, nodes, tau, res, target_laws, name)
+
+    return planted
+
+
+@pytest.mark.parametrize("rule,k,L,T,tv", [("block", 1, 2, 3, 0.020), ("gbv", 2, 1, 2, 0.016)])
+def test_a_residual_off_by_ten_percent_is_caught(rule, k, L, T, tv):
+    """The realistic bug "residual off by 10 %" in the shared block emission, V = 3: law error 8.5e-3 (block, L = 2,
+    3 tokens) and 8.1e-3 (GBV, k = 2, L = 1, 2 tokens), TV 0.020 and 0.016, against < 1e-12 for the real rules."""
+    import otm.decode.tree_rules_gbv as tree_rules_gbv
+    from otm.decode.exact_mode import total_variation
+
+    target, draft = ToyLM(3, seed=0), ToyLM(3, seed=1)
+    reference = target_law(model_law(target, PROMPT), T)
+    options = dict(max_new_tokens=T, k=k, length=L, verifier=rule)
+    assert law_error(exact_decode_law(target, draft, PROMPT, **options), reference) < 1e-12
+    planted = _residual_off_by_ten_percent(tree_rules.emit_block)
+    with mock.patch.object(tree_rules, "emit_block", planted), mock.patch.object(tree_rules_gbv, "emit_block", planted):
+        law = exact_decode_law(target, draft, PROMPT, **options)
+    assert law_error(law, reference) > 1e-3 and total_variation(law, reference) == pytest.approx(tv, abs=1e-3)
