@@ -4,11 +4,12 @@ L2 = ``length - delay`` branching from its end.
 
 Exact: the REAL decoder with ``delay`` in its exact mode gives the target's law of the first T tokens to
 1e-12 for every rule that takes delayed trees (level by level kseq / rrs / optimal, traversal, gbv, layer on
-iid; rrs / kseq / optimal_embedded without replacement, traversal, layer on without_replacement), eager and
+iid; rrs / kseq / optimal_embedded without replacement, traversal, layer on without_replacement; spectr_gbv on
+both), eager and
 with the static-shape step, with processed laws and EOS. Planted bugs, each caught by the same check with its
 law error stated: the shared path's node given k copies of its one draft (the tree built as if the rows had
 been drawn from the root), the without-replacement verifier run at the root instead of at the branching node,
-and SpecTr-GBV let through (it treats the k rows as k draws at the root; refused by the decoder).
+and SpecTr-GBV blind to the delay (the k rows verified as k draws at the root).
 
 The one-step tree LP on delayed trees (``tree_optimum(..., delay=)``) bounds every rule; the DDTE comparison
 (traversal against the OT-based level-by-level rules on delayed trees) is a research sweep
@@ -56,8 +57,8 @@ def test_delayed_tree_holds_one_draw_per_shared_node():
 
 # -- exact mode: every rule that takes delayed trees -------------------------------------------
 
-IID = ["kseq", "rrs", "optimal", "traversal", "gbv", "layer"]
-WOR = ["rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "traversal", "layer"]
+IID = ["kseq", "rrs", "optimal", "traversal", "gbv", "layer", "spectr_gbv"]
+WOR = ["rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "traversal", "layer", "spectr_gbv"]
 
 
 @pytest.mark.parametrize("rule", IID)
@@ -127,17 +128,39 @@ def test_planted_without_replacement_update_at_the_root_is_caught(monkeypatch):
     assert _error("traversal", "without_replacement") > 1e-4
 
 
-def test_spectr_gbv_refuses_delayed_trees_and_would_be_lossy(monkeypatch):
-    """SpecTr-GBV verifies the k rows as k draws at the root; a delayed tree draws the shared path once.
-    Refused in one line; let through, its law error is 0.085 (V = 3, k = 2, depth 2, delay 1, T = 3)."""
-    with pytest.raises(OtmError, match="spectr_gbv rule takes no delayed tree"):
-        _error("spectr_gbv")
+@pytest.mark.parametrize("scheme,V,T", [("iid", 3, 3), ("iid", 2, 4), ("without_replacement", 3, 3)])
+def test_spectr_gbv_on_delayed_trees_is_exact(scheme, V, T):
+    """SpecTr-GBV on a delayed tree: the K rows verified in turn from the shared path's end, then the shared path
+    by block verification from there up (otm.tree_verifiers.spectr_gbv.SpectrGbvState.shared_block)."""
+    assert _error("spectr_gbv", scheme, V=V, T=T) < 1e-12
+
+
+def test_planted_spectr_gbv_rows_from_the_root_on_a_delayed_tree_is_caught(monkeypatch):
+    """Planted bug: SpecTr-GBV blind to the delay, verifying the K rows as K draws at the root although the
+    shared path was drawn once (what the rule did before it knew delayed trees): law error 0.085 (V = 3, k = 2,
+    depth 2, delay 1, T = 3)."""
+    from otm.tree_verifiers import spectr_gbv
+
+    real = spectr_gbv.SpectrGbvState.__init__
+
+    class Undelayed:
+        def __init__(self, tree):
+            self.tokens, self.node_of, self.delay = tree.tokens, tree.node_of, 0
+
+    monkeypatch.setattr(spectr_gbv.SpectrGbvState, "__init__",
+                        lambda self, tree, *a, **kw: real(self, Undelayed(tree), *a, **kw))
+    assert _error("spectr_gbv") > 5e-2
+
+
+def test_a_rule_that_refuses_a_delay_says_so_in_one_line(monkeypatch):
+    """The registry's refusal (TreeRuleSpec.no_delay), for a rule that cannot take a delayed tree."""
     from dataclasses import replace
 
     from otm.decode.tree_registry import TREE_RULES
 
-    monkeypatch.setitem(TREE_RULES, "spectr_gbv", replace(TREE_RULES["spectr_gbv"], no_delay=""))
-    assert _error("spectr_gbv") > 5e-2
+    monkeypatch.setitem(TREE_RULES, "spectr_gbv", replace(TREE_RULES["spectr_gbv"], no_delay="a planted reason"))
+    with pytest.raises(OtmError, match="spectr_gbv rule takes no delayed tree.*a planted reason"):
+        _error("spectr_gbv")
 
 
 @pytest.mark.parametrize("scheme", ["iid", "without_replacement"])

@@ -49,8 +49,9 @@ Exactness (each emitted token follows the target's processed law given the token
   i.i.d. draft, m = 1, for every rule above; ``rows_through`` holds it once), and the branching node at
   depth L1 has the k draws of the scheme, which the rules treat as they treat the root's (the
   without-replacement verifier runs there: :attr:`DraftTree.delay`); the argument above then holds
-  node by node. A rule that reads the k rows as k draws at the root (``spectr_gbv``) refuses a
-  delay (:attr:`TreeRuleSpec.no_delay <otm.decode.tree_registry.TreeRuleSpec>`); ``tree_lp`` solves the LP of the delayed shape.
+  node by node (``spectr_gbv`` verifies its k rows from the branching node, then the shared path); a
+  rule that cannot take a delay refuses it in one line (:attr:`TreeRuleSpec.no_delay
+  <otm.decode.tree_registry.TreeRuleSpec>`); ``tree_lp`` solves the LP of the delayed shape.
 * the bonus token after a fully accepted path and the correction token are the target's own
   law given the path (the correction is part of the verifier's rule).
 

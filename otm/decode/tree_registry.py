@@ -44,9 +44,6 @@ TREE_RULES: dict[str, TreeRuleSpec] = {
         TreeRuleSpec("traversal", ".tree_rules:Traversal", ("iid", "without_replacement"),
                      summary="traversal verification, leaves first (Weng et al., NeurIPS 2025)"),
         TreeRuleSpec("spectr_gbv", ".tree_rules_spectr_gbv:SpectrGbv", ("iid", "without_replacement"),
-                     no_delay="it verifies the k rows as k draws at the root, while a delayed tree draws its shared "
-                              "path once (law error 0.085 at V = 3, k = 2, depth 2, delay 1: "
-                              "tests/test_delayed_trees.py)",
                      summary="K draft blocks verified in turn with block verification (a reading of Lin et al., "
                              "arXiv 2604.25925)"),
         TreeRuleSpec("gbv", ".tree_rules_gbv:GBV", ("iid",),

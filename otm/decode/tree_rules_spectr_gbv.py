@@ -10,8 +10,10 @@ then the residual token or the target's draw at the leaf; after K rejected rows,
 (or the target's own draw at the root if no row was tried).
 
 Exact for i.i.d. rows and for root tokens drawn without replacement (the root's draft law loses each
-rejected row's first token): checked by the decoder's exact mode on toy LMs
-(``tests/test_tree_rules_spectr_gbv.py``). With K = 1 it is block verification.
+rejected row's first token), and on delayed trees (the rows branch at the shared path's end, which plays
+the root's part; if every row is rejected, block verification of the shared path from there up): checked
+by the decoder's exact mode on toy LMs (``tests/test_tree_rules_spectr_gbv.py``,
+``tests/test_delayed_trees.py``). With K = 1 it is block verification.
 """
 
 from __future__ import annotations
@@ -35,28 +37,39 @@ class SpectrGbv(TreeRule):
 
         state = SpectrGbvState(tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)[0]),
                                root_without_replacement=dec.scheme == "without_replacement")
-        L = state.L
+        L, shared = state.L, state.shared
+        depths = len(dec.stats.verified_by_depth)
+
+        def count(accepted: int) -> None:  # depths reached 0..accepted (as level by level would count them)
+            for depth in range(min(accepted + 1, depths)):
+                dec.stats.verified_by_depth[depth] += 1
+            for depth in range(min(accepted, depths)):
+                dec.stats.accepted_by_depth[depth] += 1
+
         for j, nodes in enumerate(state.rows):
             tau_law, emit = state.block(j)
             tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
-            if tau == 0:  # the whole block is rejected: the root takes its residual, next row
+            if tau == 0:  # the whole block is rejected: the branching node takes its residual, next row
                 state.reject(j)
                 continue
-            for depth in range(min(tau + 1, L)):  # depths reached: 0..tau (as level by level would count them)
-                dec.stats.verified_by_depth[depth] += 1
-            for depth in range(tau):
-                dec.stats.accepted_by_depth[depth] += 1
-            path = nodes[:tau]
+            count(state.delay + tau)
+            path = shared + nodes[:tau]
             emitted = [state.tokens[n] for n in path]
             if tau == L:
                 emitted.append(dec.bonus(tree, path[-1], target_laws))
             else:
                 emitted.append(dec.chance.index(torch.from_numpy(emit[tau]).to(device)[None]))
             return emitted, path
-        dec.stats.verified_by_depth[0] += 1
-        if state.touched:
-            return [dec.chance.index(torch.from_numpy(state.p0).to(device)[None])], []
-        return [dec.bonus(tree, 0, target_laws)], []
-
+        # every row rejected: the branching node, else a node of the shared path above it (a delayed tree)
+        tau_law, emit = state.shared_block()
+        tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None]) if state.delay else 0
+        count(tau)
+        path = shared[:tau]
+        emitted = [state.tokens[n] for n in path]
+        if emit[tau] is None:  # untouched: the target's own draw there
+            emitted.append(dec.bonus(tree, path[-1] if path else 0, target_laws))
+        else:
+            emitted.append(dec.chance.index(torch.from_numpy(emit[tau]).to(device)[None]))
+        return emitted, path
 
 __all__ = ["SpectrGbv"]

@@ -57,6 +57,13 @@ parent with its updated weight :math:`R_i/(R_i + 1 - w_i)`) is block verificatio
 (i.i.d.) or without replacement, both exact. Checked by the decoder's exact mode
 (``tests/test_tree_rules_spectr_gbv.py``).
 
+**Delayed trees** (one shared path :math:`s_1..s_{L_1}`, then the K rows from its end; DDTE): the
+branching node :math:`s_{L_1}` plays the root's part, starting from its block weight
+:math:`w_{L_1} = \min(1, w_{L_1 - 1} P(s_{L_1})/Q(s_{L_1}))` along the shared path; if every row is
+rejected, the shared path is block-verified from the branching node up
+(:meth:`SpectrGbvState.shared_block`). The same lemma (shared nodes have one child, the branching node
+the K rows) makes it exact; checked by the exact mode (``tests/test_delayed_trees.py``).
+
 >>> import numpy as np
 >>> from otm.decode.tree import DraftTree
 >>> tree = DraftTree.from_rows([[0], [1]], root_token=0)          # K = 2 rows of length 1
@@ -93,16 +100,32 @@ class SpectrGbvState:
         node_of = np.asarray(tree.node_of.tolist() if hasattr(tree.node_of, "tolist") else tree.node_of, dtype=np.int64)
         if node_of.ndim != 2 or node_of.shape[0] < 1 or node_of.shape[1] < 2:
             raise OtmError("SpecTr-GBV needs at least one draft row of length >= 1: draft before verifying")
-        self.rows = [list(map(int, r[1:])) for r in node_of]  # per row: its nodes at depth 1..L
-        self.L = node_of.shape[1] - 1
+        delay = int(getattr(tree, "delay", 0) or 0)
+        if not 0 <= delay <= node_of.shape[1] - 1:
+            raise OtmError(f"a delayed tree's shared path is longer than its rows: delay {delay} with rows of length "
+                           f"{node_of.shape[1] - 1}; use a delay up to the length")
+        self.delay = delay
+        self.shared = [int(n) for n in node_of[0, 1:delay + 1]]  # a delayed tree's shared path s_1..s_L1
+        self.base = self.shared[-1] if delay else 0  # where the K rows branch: the root, or the shared path's end
+        self.L = node_of.shape[1] - 1 - delay
+        # per row: its nodes below the branching node (none when the step's tree was cut to its shared path)
+        self.rows = [list(map(int, r[delay + 1:])) for r in node_of] if self.L else []
         self.target_of, self.draft_of = target_of, draft_of
         self.root_without_replacement = root_without_replacement
-        self.p0 = _row(target_of(0))  # the root's law, replaced by its residual after each rejected block
-        self.q0 = _row(draft_of(0))  # the law the next row's first token was drawn from
-        self.w0 = 1.0
-        self.touched = False  # whether p0 is a residual (else the final draw is the target's own)
         self._p: dict[int, np.ndarray] = {}
         self._q: dict[int, np.ndarray] = {}
+        # block verification's weights along the shared path: w_0 = 1, w_i = min(1, w_{i-1} P(s_i)/Q(s_i))
+        self.shared_w = [1.0]
+        parent = 0
+        for n in self.shared:
+            x, b = self.tokens[n], float(self.Q(parent)[self.tokens[n]])
+            self.shared_w.append(min(1.0, self.shared_w[-1] * float(self.P(parent)[x]) / b) if b > 0 else 0.0)
+            parent = n
+        self.p0 = self.P(self.base).copy()  # the branching node's law, replaced by its residual after each rejected block
+        # the law the next row's first token was drawn from (none at a leaf: its children were never drawn)
+        self.q0 = self.Q(self.base).copy() if self.L else None
+        self.w0 = self.shared_w[-1]
+        self.touched = False  # whether p0 is a residual (else the final draw is the target's own)
 
     def P(self, node: int) -> np.ndarray:
         law = self._p.get(node)
@@ -172,6 +195,36 @@ class SpectrGbvState:
             self.q0 = q / rest if rest > 0 else q
 
 
+    def shared_block(self) -> tuple[np.ndarray, list]:
+        r"""After every row was rejected: block verification of the shared path :math:`s_1..s_{L_1}` from the
+        branching node up, as (``tau_law [L1 + 1]``, ``emit``). The branching node :math:`s_{L_1}` is accepted
+        with its weight after the rejected rows, :math:`h_{L_1} = w_0`, and then emits a draw from its law
+        :math:`\tilde p` (``emit[L1]`` None: the target's own draw there, when no row touched it); a shared
+        node :math:`s_i` above it with :math:`h_i = R_i/(R_i + 1 - w_i)` and its residual; ``tau = 0``: the
+        root's residual (None: the target's own draw at the root, reached with probability 0). Without a
+        delay this is the root alone: ``([1.0], [p0 or None])``."""
+        L1 = self.delay
+        h = np.zeros(L1 + 1)
+        emit: list = [None] * (L1 + 1)
+        h[L1] = self.w0 if L1 else 1.0
+        emit[L1] = self.p0 if self.touched else None
+        nodes = [0] + self.shared
+        for i in range(0, L1):
+            res = np.maximum(self.shared_w[i] * self.P(nodes[i]) - self.Q(nodes[i]), 0.0)
+            R = float(res.sum())
+            if R > 0:
+                if i:
+                    h[i] = R / (R + (1.0 - self.shared_w[i]))
+                emit[i] = res / R
+        tau = np.empty(L1 + 1)
+        above = 1.0
+        for i in range(L1, 0, -1):
+            tau[i] = h[i] * above
+            above *= 1.0 - h[i]
+        tau[0] = above
+        return tau, emit
+
+
 def spectr_gbv_law(tree, target_of, draft_of, *, root_without_replacement: bool = False) -> dict[tuple, float]:
     r"""Exact law of the block SpecTr-GBV emits given the draft rows: ``{block: probability}``.
 
@@ -187,18 +240,23 @@ def spectr_gbv_law(tree, target_of, draft_of, *, root_without_replacement: bool 
         for y in np.flatnonzero(final > 0).tolist():
             law[prefix + (y,)] = law.get(prefix + (y,), 0.0) + weight * float(final[y])
 
+    shared = tuple(state.tokens[n] for n in state.shared)
     reach = 1.0
     for j, nodes in enumerate(state.rows):
         tau, emit = state.block(j)
-        tokens = tuple(state.tokens[n] for n in nodes)
+        tokens = shared + tuple(state.tokens[n] for n in nodes)
         for i in range(1, state.L + 1):
             if tau[i] > 0:
-                add(tokens[:i], reach * tau[i], state.P(nodes[-1]) if i == state.L else emit[i])
+                add(tokens[:state.delay + i], reach * tau[i], state.P(nodes[-1]) if i == state.L else emit[i])
         reach *= tau[0]
         if reach <= 0:
             return law
         state.reject(j)
-    add((), reach, state.p0)
+    tau, emit = state.shared_block()
+    nodes = [0] + state.shared
+    for i in range(state.delay + 1):
+        if tau[i] > 0:
+            add(shared[:i], reach * tau[i], emit[i] if emit[i] is not None else state.P(nodes[i]))
     return law
 
 
