@@ -82,57 +82,6 @@ def read_laws(path: str, name: str) -> np.ndarray:
     return np.stack([check_law(row, f"{name} row {i}" if arr.shape[0] > 1 else name) for i, row in enumerate(arr)])
 
 
-CLOSED_FORMS = {
-    "speculative": "closed form sum min(target, draft)",
-    "kseq": "closed form at rho* (SpecTr)",
-    "rrs": "closed form 1 - prod(1 - sum min(p_i, q))",
-    "greedy": "closed form (Hu et al.)",
-    "spechub": "closed form (SpecHub)",
-    "optimal": "its own closed form sum min(x*, target): alpha* less its reported gap",
-}
-
-
-def _closed_form_acceptance(name: str, target, draft, k: int) -> tuple[float, str]:
-    from .verifiers import greedy, kseq, rrs, spechub, speculative
-
-    if name == "speculative":
-        return speculative.acceptance(target, draft), CLOSED_FORMS[name]
-    if name == "kseq":
-        return kseq.acceptance(target, draft, k), CLOSED_FORMS[name]
-    if name == "rrs":
-        return rrs.acceptance(target, draft, k), CLOSED_FORMS[name]
-    if name == "greedy":
-        return greedy.acceptance(target, draft, k), CLOSED_FORMS[name]
-    if name == "spechub":
-        return spechub.acceptance(target, draft), CLOSED_FORMS[name]
-    if name == "optimal":
-        from .verifiers import optimal
-
-        return optimal.acceptance(target, draft, k), CLOSED_FORMS[name]
-    if name == "optimal_without_replacement":
-        from .verifiers import optimal_without_replacement
-
-        return optimal_without_replacement.acceptance(target, draft, k), "exact law by enumeration of the draft sets"
-    if name == "optimal_embedded":
-        from .verifiers import optimal_embedded
-
-        return (optimal_embedded.acceptance(target, draft, k),
-                "selection acceptance sum min(x_iid, target) (the iid rule's); membership is at least this")
-    if name == "kseq_without_replacement":
-        from .verifiers import kseq_without_replacement
-
-        return (kseq_without_replacement.acceptance(target, draft, k),
-                "beta E[N_rho] at the root rho of E[N_rho] = rho (race quadrature)")
-    if name == "rrs_without_replacement":
-        from .verifiers.rrs_without_replacement import acceptance
-
-        est = acceptance(target, draft, k, rng=0)
-        if est.method == "exact":
-            return est.value, "exact sum over rejection paths"
-        return est.value, f"Monte Carlo, {est.paths} paths, standard error {est.se:.1e}"
-    raise OtmError(f"no closed form for {name}")  # not reached: callers ask only for the names above
-
-
 def acceptance_report(
     target,
     draft,
@@ -186,7 +135,7 @@ def acceptance_report(
                 skipped[v.name] = "needs the LP, not built"
         else:
             try:
-                value, method = _closed_form_acceptance(v.name, target, draft, k)
+                value, method = v.acceptance(target, draft, k)
             except OtmError as e:  # optimal_without_replacement beyond its enumeration limit
                 skipped[v.name] = str(e)
                 continue

@@ -152,11 +152,11 @@ def test_laws_from_files_at_real_vocabulary(tmp_path, capsys):
     from_files = json.loads(capsys.readouterr().out)
     assert main(["acceptance", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "-k", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == from_files
-    from otm.cli import _closed_form_acceptance
+    from otm.verifiers import VERIFIERS
 
     for name, value in from_files["verifiers"].items():
         if name != "lp_optimal":
-            assert abs(_closed_form_acceptance(name, np.array(small_t), np.array(small_d), 2)[0] - value["acceptance"]) < 1e-12
+            assert abs(VERIFIERS[name].acceptance(np.array(small_t), np.array(small_d), 2)[0] - value["acceptance"]) < 1e-12
 
 
 def test_law_files_bad_input(tmp_path):

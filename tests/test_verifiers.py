@@ -15,7 +15,7 @@ from otm.exact import evaluate
 from otm.laws import OtmError
 from otm.optimum import brute_force_optimum
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
-from otm.verifiers import VERIFIERS, applicable, greedy, kseq, rrs, spechub, speculative
+from otm.verifiers import VERIFIERS, applicable, greedy, kseq, spechub, speculative
 from strategies import pair
 from hyp import examples
 
@@ -82,18 +82,50 @@ def test_kseq_closed_form_rho_and_guarantee(laws, k):
 
 
 @settings(max_examples=examples(80), deadline=None)
-@given(pair(max_V=5), st.integers(1, 3))
-def test_closed_form_acceptances_match_enumeration(laws, k):
+@given(pair(max_V=5), st.integers(1, 3), st.sampled_from(sorted(SCHEMES)))
+def test_closed_form_acceptances_match_enumeration(laws, k, name):
+    """Every registered rule's ``acceptance`` (closed form or exact formula) against its enumerated law, on the
+    schemes it is exact for; ``optimal_embedded``'s formula is its selection acceptance, a lower bound on membership."""
     target, draft = laws
-    ev = evaluate("rrs", IID(draft, k), target)
-    assert abs(ev.acceptance - rrs.acceptance(target, draft, k)) < 1e-9
-    g = build("greedy", draft, k)
-    if g is not None:
-        assert abs(evaluate("greedy", g, target).acceptance - greedy.acceptance(target, draft, k)) < 1e-9
-    h = build("spechub", draft, 2)
-    if h is not None:
-        assert abs(evaluate("spechub", h, target).acceptance - spechub.acceptance(target, draft)) < 1e-9
-    assert abs(speculative.acceptance(target, draft) - np.minimum(target, draft).sum()) < 1e-15
+    scheme = build(name, draft, k)
+    assume(scheme is not None)
+    for v in applicable(scheme):
+        if v.closed_form is None:
+            continue
+        try:
+            value, method = v.acceptance(target, draft, scheme.k)
+        except OtmError:  # a formula with a size limit of its own (optimal_without_replacement)
+            continue
+        assert method
+        enumerated = evaluate(v.name, scheme, target).acceptance
+        if v.name == "optimal_embedded":
+            assert value <= enumerated + 1e-9, (v.name, value, enumerated)
+        else:
+            assert abs(value - enumerated) < 1e-8, (v.name, value, enumerated)
+
+
+def test_the_registry_feeds_every_list():
+    """One record per rule (otm.verifiers.VERIFIERS): every module has the law / sample / bind / acceptance a record
+    promises; the decoder's lookup and the CLI's choices are derived from it (a rule added there is decodable by its
+    record alone); ``otm profile``'s decode-check subset and ratio schemes are registered rules."""
+    from otm.decode.cli import ALL_VERIFIERS, WOR_ONLY
+    from otm.decode.decoder import VERIFIERS as DECODER
+    from otm.decode.profile import DECODABLE, SCHEME_OF
+    from otm.verifiers import decodable
+
+    for v in VERIFIERS.values():
+        assert callable(v.module.bind), v.name
+        if v.closed_form is not None:
+            assert all(callable(getattr(v.module, f)) for f in ("law", "sample", "acceptance")), v.name
+    for scheme in ("iid", "without_replacement"):
+        assert DECODER[scheme][: len(decodable(scheme))] == decodable(scheme)
+        assert set(decodable(scheme)) == {n for n, v in VERIFIERS.items() if scheme in v.decode}
+    assert {n for n, v in VERIFIERS.items() if v.decode} <= set(ALL_VERIFIERS)
+    assert set(WOR_ONLY) >= {n for n, v in VERIFIERS.items() if v.decode == ("without_replacement",)}
+    assert set(DECODABLE) <= set(decodable("iid") + decodable("without_replacement"))
+    assert set(SCHEME_OF) == set(VERIFIERS) and SCHEME_OF["speculative"] == "iid"
+    with pytest.raises(OtmError, match="no closed form"):
+        VERIFIERS["lp_optimal"].acceptance([0.5, 0.5], [0.5, 0.5], 2)
 
 
 def test_greedy_and_spechub_reach_their_optimum():
@@ -124,17 +156,12 @@ class ZeroRng:
         return 0.0 if size is None else np.zeros(size)
 
 
-WOR_RULES = ("rrs_without_replacement", "optimal_without_replacement", "optimal_embedded", "kseq_without_replacement")
-
-
-@pytest.mark.parametrize("name", ["speculative", "kseq", "rrs", "greedy", "spechub", "lp_optimal", "optimal", *WOR_RULES])
+@pytest.mark.parametrize("name", sorted(VERIFIERS))
 def test_zero_probability_tokens_are_never_emitted_even_at_u_zero(name):
     target = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
     draft = np.array([0.3, 0.1, 0.3, 0.1, 0.2])
-    k = 1 if name == "speculative" else 2
-    scheme = {**dict.fromkeys(WOR_RULES, WithoutReplacement), "greedy": Greedy, "spechub": SpecHub}.get(name, IID)(
-        draft, k
-    )
+    record = VERIFIERS[name]
+    scheme = build(record.optimum_scheme, draft, 1 if record.only_k1 else 2)
     bound = VERIFIERS[name].bind(target, scheme)
     tuples, _ = scheme.enumerate()
     for t in tuples:
@@ -160,3 +187,18 @@ def test_bad_verifier_input(call, fragment):
     with pytest.raises(OtmError) as exc:
         call()
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_rule_added_by_its_registry_line_alone_reaches_the_acceptance_table(monkeypatch):
+    """A toy rule (K-SEQ's module under a new name) registered with one record: ``otm acceptance``'s report lists
+    it with its enumerated law error and its formula, with nothing else edited."""
+    from otm.cli import acceptance_report
+    from otm.verifiers import Verifier
+
+    toy = Verifier("toy_kseq", kseq, ("iid",), closed_form=lambda t, d, k: (kseq.acceptance(t, d, k), "toy formula"))
+    monkeypatch.setitem(VERIFIERS, "toy_kseq", toy)
+    report = acceptance_report([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2, "iid")
+    assert report["verifiers"]["toy_kseq"]["law_error"] < 1e-12
+    assert report["verifiers"]["toy_kseq"]["acceptance"] == report["verifiers"]["kseq"]["acceptance"]
+    report = acceptance_report([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2, "iid", max_tuples=1)  # too many tuples: the formula
+    assert report["verifiers"]["toy_kseq"]["method"] == "toy formula"

@@ -32,15 +32,18 @@ from __future__ import annotations
 import sys
 
 from ..laws import OtmError
+from ..verifiers import VERIFIERS as TOKEN_VERIFIERS
+from .profile import DECODABLE as PROFILE_DECODABLE
 from .steps import COMPILE_CHOICES, compile_options
 from .tree_registry import TREE_RULES
 
 DEFAULT_KS = "1,2,4,8"
 DEFAULT_LENGTHS = "2,4,8"
 DEFAULT_VERIFIERS = "kseq,rrs,rrs_without_replacement,block,traversal"
-ALL_VERIFIERS = ("kseq", "rrs", "optimal", "speculative", "rrs_without_replacement", "kseq_without_replacement",
-                 "optimal_embedded") + tuple(TREE_RULES)
-WOR_ONLY = ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded") + tuple(
+ALL_VERIFIERS = tuple(v.name for v in TOKEN_VERIFIERS.values() if v.decode) + tuple(TREE_RULES)
+"""Every verifier the decoder runs: the token-level registry's (:data:`otm.verifiers.VERIFIERS`, ``decode``) and
+the tree rules (:data:`otm.decode.tree_registry.TREE_RULES`)."""
+WOR_ONLY = tuple(v.name for v in TOKEN_VERIFIERS.values() if v.decode == ("without_replacement",)) + tuple(
     name for name, spec in TREE_RULES.items() if spec.schemes == ("without_replacement",))
 """Verifiers whose default scheme is ``without_replacement``."""
 
@@ -177,8 +180,7 @@ def register(sub) -> None:
     prof.add_argument("--paths", type=int, default=200,
                       help="Monte Carlo paths per position for rrs_without_replacement where its exact sum does not fit "
                            "(default 200)")
-    prof.add_argument("--verifier", default="best", choices=["best", "kseq", "rrs", "rrs_without_replacement",
-                                                             "kseq_without_replacement"],
+    prof.add_argument("--verifier", default="best", choices=["best", *PROFILE_DECODABLE],
                       help="verifier of the decode check for k >= 2 (default: the best mean acceptance per k)")
     prof.add_argument("--check-prompts", type=int, default=2, help="prompts of the decode check (default 2)")
     prof.add_argument("--check-tokens", type=int, default=32, help="new tokens per prompt of the decode check (default 32)")

@@ -73,6 +73,7 @@ import torch
 
 from .. import torch as ot
 from ..laws import OtmError
+from ..verifiers import decodable
 from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: the decoder's public names)
 from .chance import Chance, Sampled
 from .runner import FeatureRunner, Runner, device_and_dtype, is_feature_draft_model, vocab_size
@@ -84,14 +85,11 @@ from .tree_rules import LevelByLevel, TreeRule
 SCHEMES = ("iid", "without_replacement")
 """Draft schemes of the decoder."""
 
-VERIFIERS = {
-    "iid": ("kseq", "rrs", "optimal", "speculative") + tree_rule_names("iid"),
-    "without_replacement": ("rrs_without_replacement", "kseq_without_replacement", "optimal_embedded", "speculative")
-    + tree_rule_names("without_replacement"),
-}
-"""Verifiers valid for each scheme: token-level rules (names of :data:`otm.torch.VERIFIERS`, run level
-by level) and whole-tree rules (:data:`otm.decode.tree_registry.TREE_RULES`); ``speculative`` and
-the chain-only tree rules (``block``) take one draft chain (k = 1)."""
+VERIFIERS = {scheme: decodable(scheme) + tree_rule_names(scheme) for scheme in ("iid", "without_replacement")}
+"""Verifiers valid for each scheme: token-level rules (:func:`otm.verifiers.decodable`: the registry's
+rules with that scheme in their ``decode``, run level by level with their twins in
+:data:`otm.torch.VERIFIERS`) and whole-tree rules (:data:`otm.decode.tree_registry.TREE_RULES`);
+``speculative`` and the chain-only tree rules (``block``) take one draft chain (k = 1)."""
 
 ROLLBACKS = ("gather", "refeed")
 """How the target cache returns to the accepted path (see :func:`speculative_decode`)."""

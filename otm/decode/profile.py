@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ..laws import OtmError
+from ..verifiers import VERIFIERS
 
 PROMPTS = [
     # instruction following (Alpaca / Dolly style)
@@ -90,13 +91,12 @@ BOOTSTRAP_RESAMPLES = 2000
 MIN_BOOTSTRAP_PROMPTS = 4
 """With fewer prompts the interval is the normal one over positions (a bootstrap over 2-3 prompts says little)."""
 
-SCHEME_OF = {"speculative": "iid", "kseq": "iid", "rrs": "iid", "optimal": "iid",
-             "rrs_without_replacement": "without_replacement", "kseq_without_replacement": "without_replacement",
-             "greedy": "greedy"}
-"""The draft scheme each verifier is exact for (its ratio is to alpha* of that scheme)."""
+SCHEME_OF = {v.name: v.optimum_scheme for v in VERIFIERS.values()}
+"""The draft scheme each verifier is exact for (its ratio is to alpha* of that scheme): the registry's."""
 
 DECODABLE = ("kseq", "rrs", "rrs_without_replacement", "kseq_without_replacement")
-"""Verifiers for k >= 2 that the decoder runs (``otm.decode.decoder.VERIFIERS``); k = 1 runs ``speculative``."""
+"""Verifiers for k >= 2 that ``otm profile``'s decode check offers (a subset of the decoder's,
+:func:`otm.verifiers.decodable`; checked by tests/test_verifiers.py); k = 1 runs ``speculative``."""
 
 METHODS = {
     "alpha*": "closed form, otm.optimum.optimal_acceptance (sorted-prefix min cut; exponential-race quadrature "
