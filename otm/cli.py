@@ -297,7 +297,7 @@ def _demo_decode(args) -> int:
     command = (f"otm bench-decode --k {','.join(map(str, g['ks']))} --length {','.join(map(str, g['lengths']))} "
                f"--verifiers {','.join(g['verifiers'])} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
                f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1"
-               + (f" --compile {args.compile}" if args.compile != "none" else ""))
+               + (f" --compile {args.compile}" if args.compile != "auto" else ""))
     rows = run_bench(target, draft, tokenizer, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"],
                      sampling=Sampling(), max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
                      hf=False, progress=True, command=command, compile=args.compile)
@@ -372,9 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt and contender (default 48)")
     from .decode.steps import COMPILE_CHOICES
 
-    demo.add_argument("--compile", default="none", choices=COMPILE_CHOICES,
-                      help="every contender's step compiled by torch.compile in this mode (default none: eager; "
-                           "the first run compiles each shape once, about 30 s each on 2 cores)")
+    demo.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
+                      help="every contender's step compiled by torch.compile in this mode (default auto: compiled or "
+                           "eager, whichever the cost model measures faster on this machine; the first run compiles "
+                           "each shape once, about 30 s each on 2 cores, and the choice is kept in the user cache)")
     demo.set_defaults(func=_cmd_demo)
     from .analysis import cli as analysis_cli
     from .decode import cli as decode_cli  # imports no torch until a command runs

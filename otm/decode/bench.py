@@ -449,9 +449,19 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         for row in rows:
             if row.contender.kind == "hf_assisted":
                 row.contender = replace(row.contender, name="hf assisted (peer draft, defaults)")
+    ours = [r.contender for r in rows if r.contender.kind == "speculative"]
+    if compile == "auto":  # the cost model decides, for the grid's largest tree (otm.decode.compile_choice)
+        from .compile_choice import choose
+
+        big = max(ours, key=lambda c: 1 + c.delay + c.k * (c.length - c.delay), default=None)
+        picked = choose(target, draft, prompts[0], k=big.k if big else 1, length=big.length if big else 0,
+                        delay=big.delay if big else 0, sampling=sampling,
+                        new_tokens=max_new_tokens * len(prompts) * len(rows), out=out,
+                        capacity=max(map(len, prompts)) + max_new_tokens)
+        out(picked.line)
+        compile = picked.choice
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
-    ours = [r.contender for r in rows if r.contender.kind == "speculative"]
     if compile not in ("none", "static"):  # every compiled shape now, so that no row's time includes compilation
         from .static import warm_all
 

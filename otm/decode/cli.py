@@ -119,9 +119,11 @@ def _common(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live figures / progress bar")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
-    p.add_argument("--compile", default="none", choices=COMPILE_CHOICES,
-                   help="the static-shape step compiled by torch.compile in this mode, once per shape (static: the "
-                        "static shapes, eager kernels; default none: the eager step)")
+    p.add_argument("--compile", default=None, choices=COMPILE_CHOICES,
+                   help="the static-shape step compiled by torch.compile in this mode, once per shape (default auto: "
+                        "compiled or eager, whichever the cost model measures faster here, decided once per machine "
+                        "and model and kept in the user cache; none: the eager step; static: the static shapes, eager "
+                        "kernels)")
 
 
 def register(sub) -> None:
@@ -255,6 +257,25 @@ def _warn_refuted(verifiers) -> None:
                   "it runs to reproduce the refutation", file=sys.stderr)
 
 
+def _choose_compile(args, target, draft, ids, sampling) -> str:
+    """Resolve ``--compile auto`` (:mod:`otm.decode.compile_choice`) for this run's step, with ``--k/--length auto``
+    for the grid's largest tree; its line on stderr when a decision was measured or read back, or when
+    ``--compile auto`` was given (the default, None, says nothing about a decode too short to matter)."""
+    from .compile_choice import choose
+
+    length = 0 if args.autoregressive else max(AUTO_LENGTHS) if args.length == "auto" else args.length
+    k = max(AUTO_KS) if args.k == "auto" else args.k
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    picked = choose(target, draft, list(ids), k=k if length else 1, length=length, delay=args.delay or 0,
+                    sampling=sampling, new_tokens=args.max_new_tokens, capacity=len(ids) + args.max_new_tokens, out=say)
+    if picked.measured or args.compile == "auto":
+        say(picked.line)
+    return picked.choice
+
+
 def cmd_decode(args) -> int:
     from .bench import encode_prompt
     from .decoder import autoregressive_decode, check_delay, resolve_verifiers, speculative_decode
@@ -279,6 +300,8 @@ def cmd_decode(args) -> int:
     _warn_refuted([] if args.autoregressive else [args.verifier])
     target, draft, tokenizer = _load(args)
     ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
+    if args.compile in (None, "auto"):
+        args.compile = _choose_compile(args, target, draft, ids, sampling)
     import json
     import time
 
@@ -378,9 +401,10 @@ def cmd_bench(args) -> int:
         + (f" --threads {args.threads}" if args.threads else "")
         + (f" --target {args.target}" if args.target else "") + (f" --draft {args.draft}" if args.draft else "")
         + (" --no-hf" if args.no_hf else "") + (f" --peer-draft {args.peer_draft}" if args.peer_draft else "")
-        + (f" --compile {args.compile}" if args.compile != "none" else "")
+        + (f" --compile {args.compile}" if args.compile not in (None, "auto") else "")
         + (f" --delay {args.delay}" if args.delay else "")
     )
+    args.compile = args.compile or "auto"  # resolved by run_bench (otm.decode.compile_choice)
     target, draft, tokenizer = _load(args)
     from .feature_draft import FeatureDraft
     from .embedded import default_token_draft_path

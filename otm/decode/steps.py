@@ -2,17 +2,21 @@
 
 ``none``: the eager step (:class:`otm.decode.runner.Runner`, transformers' growing caches); ``static``:
 the static-shape step with eager kernels; a ``torch.compile`` mode: the static-shape step compiled
-(:mod:`otm.decode.static`).
+(:mod:`otm.decode.static`); ``auto``: whichever of none and the compiled step the cost model measures
+faster on this machine (:mod:`otm.decode.compile_choice`), resolved before the run.
 """
 
 from __future__ import annotations
 
-COMPILE_CHOICES = ("none", "static", "default", "max-autotune", "reduce-overhead")
-"""``--compile``: none (the eager step), static (the static-shape step, eager kernels), or a torch.compile mode."""
+COMPILE_CHOICES = ("auto", "none", "static", "default", "max-autotune", "reduce-overhead")
+"""``--compile``: auto (measured: :mod:`otm.decode.compile_choice`), none (the eager step), static (the
+static-shape step, eager kernels), or a torch.compile mode."""
 
 
 def compile_options(choice: str) -> dict:
-    """The decoder's keywords for a ``--compile`` choice."""
+    """The decoder's keywords for a ``--compile`` choice (``auto`` is resolved before: :mod:`otm.decode.compile_choice`)."""
+    if choice == "auto":
+        raise ValueError("--compile auto is resolved by otm.decode.compile_choice.choose before the run")
     if choice == "none":
         return {}
     return {"static": True} if choice == "static" else {"compile": choice}

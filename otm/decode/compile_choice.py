@@ -1,0 +1,138 @@
+r"""``--compile auto``: the machine decides whether the compiled static-shape step pays, by the cost model.
+
+The decision compares the step the run will take, :math:`S = T(1 + kL) + d(1) + (L - 1)\,d(k)` ms
+(:meth:`otm.decode.bench.Costs.step_ms`; :math:`T(1)` for autoregressive sampling), measured twice on
+this machine: with the eager step (transformers' growing caches) and with the static-shape step compiled
+by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on a CPU: inductor with freezing,
+``reduce-overhead`` on a GPU: CUDA graphs). The compiled step is chosen when it is at least
+:data:`MARGIN` faster; the block efficiency B is the same for both, so the step time alone decides.
+
+Compilation is paid once: the measured decision is kept in the user cache folder
+(``compile_choice.json`` under :func:`otm.decode.embedded.cache_dir`), keyed by the machine line (CPU,
+flags, torch kernels and BLAS, threads), torch's version, the device, both models (class, name, size,
+dtype) and the step's shape, and inductor keeps its compiled kernels in the same folder; a later run
+with the same key reads the choice and compiles only if it chose to. A decode whose whole eager run is
+predicted under :data:`MIN_DECODE_SECONDS` (a toy model, a handful of tokens) is not worth compiling
+for: ``none``, without measuring the compiled step and without caching.
+
+>>> shapes(k=4, length=2)
+([1, 9], [1, 4])
+>>> shapes(k=1, length=0)  # autoregressive
+([1], [])
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from ..laws import OtmError
+
+MARGIN = 0.05
+"""The compiled step must be this fraction faster than the eager one to be chosen (timing noise of a shared CPU)."""
+
+MIN_DECODE_SECONDS = 2.0
+"""Below this predicted eager decode time, compiling (seconds per shape even from inductor's cache) cannot pay."""
+
+FILE = "compile_choice.json"
+
+
+@dataclass(frozen=True)
+class Choice:
+    choice: str  # "none" or a torch.compile mode
+    line: str  # one line saying what was chosen and why, with the numbers
+    measured: bool = True  # False: a decode too short to matter (no compiled step timed, nothing kept)
+
+
+def shapes(*, k: int, length: int, delay: int = 0) -> tuple[list[int], list[int]]:
+    """``(target sizes, draft batches)`` of a step: the static step's buckets (:mod:`otm.decode.static`)."""
+    if length == 0:
+        return [1], []
+    sizes = [1, 1 + delay + k * (length - delay)]
+    batches = [1] + ([k] if k > 1 and length - delay > 1 else [])
+    return sizes, batches
+
+
+def _model_id(model) -> str:
+    if model is None:
+        return "-"
+    config = getattr(model, "config", None)
+    name = getattr(config, "_name_or_path", "") or type(model).__name__
+    try:
+        params = sum(p.numel() for p in model.parameters())
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    except (AttributeError, StopIteration, TypeError):
+        params, dtype = 0, "?"
+    return f"{type(model).__name__}:{name}:{params}:{dtype}"
+
+
+def key(target, draft, *, k: int, length: int, delay: int, device) -> str:
+    """The cache key: what the decision depends on (module docstring)."""
+    import torch
+
+    from ..machine import machine
+
+    return json.dumps([machine().line(""), torch.__version__, str(device), _model_id(target), _model_id(draft),
+                       k, length, delay])
+
+
+def _read(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def choose(target, draft, context: list[int], *, k: int, length: int, delay: int = 0, sampling=None,
+           new_tokens: int = 64, capacity: int | None = None, out=None) -> Choice:
+    """Resolve ``--compile auto`` for a run of ``new_tokens`` tokens with trees of k rows of depth ``length``
+    (0: autoregressive) after ``context`` (module docstring). ``out``: where progress lines go."""
+    import torch
+
+    from .bench import measure_costs
+    from .embedded import cache_dir
+    from .runner import device_and_dtype
+
+    if not context:
+        raise OtmError("--compile auto measures the step after a context: give a prompt of at least one token")
+    device = device_and_dtype(target)[0]
+    mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+    sizes, batches = shapes(k=k, length=length, delay=delay)
+    path = cache_dir() / FILE
+    entry_key = key(target, draft, k=k, length=length, delay=delay, device=device)
+    known = _read(path).get(entry_key)
+    if known is not None:
+        return Choice(known["choice"], f"compile auto: {known['choice']} ({known['why']}; measured {known['date']}, "
+                                       f"kept in {path})")
+    common = dict(sampling=sampling, repeats=3)
+    eager = measure_costs(target, draft, context, sizes, batches, **common)
+    eager_ms = eager.step_ms(k, length, delay) if length else eager.target(1)
+    if new_tokens * eager_ms / 1000.0 < MIN_DECODE_SECONDS:
+        return Choice("none", f"compile auto: none (the whole decode takes about {new_tokens * eager_ms / 1000:.1f} s "
+                              f"eager, under {MIN_DECODE_SECONDS:.0f} s: compiling cannot pay)", measured=False)
+    if out is not None:
+        out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
+            "kept in the user cache) against the eager one ...")
+    start = time.perf_counter()
+    compiled = measure_costs(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
+    seconds = time.perf_counter() - start
+    compiled_ms = compiled.step_ms(k, length, delay) if length else compiled.target(1)
+    choice = mode if compiled_ms < (1.0 - MARGIN) * eager_ms else "none"
+    shape = f"k={k} L={length}" + (f" delay {delay}" if delay else "") if length else "autoregressive"
+    why = (f"step {shape}: eager {eager_ms:.1f} ms, compiled ({mode}) {compiled_ms:.1f} ms; T(1) eager "
+           f"{eager.target(1):.1f} ms, compiled {compiled.target(1):.1f} ms; compiling and timing took {seconds:.0f} s")
+    entries = _read(path)
+    entries[entry_key] = {"choice": choice, "why": why, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                          "eager_ms": eager_ms, "compiled_ms": compiled_ms, "seconds": seconds}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)  # whole or not at all
+    except OSError as exc:
+        why += f"; not kept ({exc.strerror or exc})"
+    return Choice(choice, f"compile auto: {choice} ({why})")
+
+
+__all__ = ["Choice", "FILE", "MARGIN", "MIN_DECODE_SECONDS", "choose", "key", "shapes"]

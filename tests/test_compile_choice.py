@@ -1,0 +1,109 @@
+"""``--compile auto`` (otm.decode.compile_choice): the cost model's choice between the eager and the compiled
+static-shape step, measured once per machine, models and shape and kept in the user cache.
+
+The timing itself is the bench's (``measure_costs``, tested in test_bench / test_static_step); here it is
+replaced by given costs, so the decision rule, the cache and the wiring into the CLI are checked exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from otm.decode import compile_choice
+from otm.decode.bench import Costs
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _tiny_llama(seed: int, V: int = 8):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _fake_costs(monkeypatch, eager: float, compiled: float, calls: list):
+    """measure_costs replaced: T(n) and d(b) of ``eager`` ms each with compile none, ``compiled`` otherwise."""
+    import otm.decode.bench as bench
+
+    def fake(target, draft, context, sizes, batches, *, compile="none", **kw):
+        calls.append(compile)
+        ms = eager if compile == "none" else compiled
+        return Costs({n: ms for n in sizes}, {b: ms / 10 for b in batches}, len(context))
+
+    monkeypatch.setattr(bench, "measure_costs", fake)
+
+
+def test_a_short_decode_is_not_worth_compiling(cache):
+    """A toy model's whole decode takes milliseconds: none, without timing the compiled step or keeping anything."""
+    t, d = _tiny_llama(0), _tiny_llama(1)
+    picked = compile_choice.choose(t, d, [1, 2, 3], k=2, length=2, new_tokens=8)
+    assert picked.choice == "none" and "under 2 s" in picked.line and "\n" not in picked.line
+    assert not (cache / compile_choice.FILE).exists()
+
+
+def test_the_faster_step_is_chosen_and_kept(cache, monkeypatch):
+    t, d = _tiny_llama(0), _tiny_llama(1)
+    calls = []
+    _fake_costs(monkeypatch, eager=100.0, compiled=60.0, calls=calls)
+    picked = compile_choice.choose(t, d, [1, 2, 3], k=4, length=2, new_tokens=64)
+    assert picked.choice == "default" and calls == ["none", "default"]
+    assert "eager 120.0 ms, compiled (default) 72.0 ms" in picked.line  # T(9) + d(1) + d(4): 100 + 10 + 10
+    kept = json.loads((cache / compile_choice.FILE).read_text())
+    assert [e["choice"] for e in kept.values()] == ["default"]
+    # the same machine, models and shape: read back, nothing measured again
+    again = compile_choice.choose(t, d, [1, 2, 3], k=4, length=2, new_tokens=64)
+    assert again.choice == "default" and calls == ["none", "default"] and "kept in" in again.line
+    # another shape is another decision
+    compile_choice.choose(t, d, [1, 2, 3], k=2, length=3, new_tokens=64)
+    assert calls == ["none", "default"] * 2 and len(json.loads((cache / compile_choice.FILE).read_text())) == 2
+
+
+def test_a_compiled_step_within_the_noise_is_not_chosen(cache, monkeypatch):
+    """Negative control of the rule: compiled 3 % faster (inside MARGIN = 5 %) stays eager."""
+    t, d = _tiny_llama(0), _tiny_llama(1)
+    _fake_costs(monkeypatch, eager=100.0, compiled=97.0, calls=[])
+    assert compile_choice.choose(t, d, [1, 2], k=1, length=0, new_tokens=64).choice == "none"
+    _fake_costs(monkeypatch, eager=100.0, compiled=94.0, calls=[])
+    assert compile_choice.choose(t, d, [1, 2], k=1, length=1, new_tokens=64).choice == "default"
+
+
+def test_the_key_names_what_the_decision_depends_on():
+    t, d = _tiny_llama(0), _tiny_llama(1)
+    base = compile_choice.key(t, d, k=2, length=2, delay=0, device="cpu")
+    assert "LlamaForCausalLM" in base and torch.__version__ in base and "machine:" in base
+    assert base != compile_choice.key(t, d, k=2, length=3, delay=0, device="cpu")
+    assert base != compile_choice.key(t, d.to(torch.float64), k=2, length=2, delay=0, device="cpu")
+
+
+def test_auto_must_be_resolved_before_the_run():
+    from otm.decode.steps import COMPILE_CHOICES, compile_options
+
+    assert "auto" in COMPILE_CHOICES and compile_options("none") == {}
+    with pytest.raises(ValueError, match="resolved"):
+        compile_options("auto")
+
+
+def test_the_cli_says_the_choice_when_asked(tmp_path, capsys, cache):
+    """``otm decode``'s default says nothing about a toy decode; ``--compile auto`` given says what it chose."""
+    from test_decode import _save_pair
+
+    from otm.cli import main
+
+    target, draft = _save_pair(tmp_path)
+    models = ["--target", target, "--draft", draft, "--no-progress", "--max-new-tokens", "4"]
+    assert main(["decode", "--prompt", "a b c", "-k", "2", "--length", "2", *models]) == 0
+    assert "compile auto" not in capsys.readouterr().err
+    assert main(["decode", "--prompt", "a b c", "-k", "2", "--length", "2", "--compile", "auto", *models]) == 0
+    assert "compile auto: none (the whole decode takes about" in capsys.readouterr().err
