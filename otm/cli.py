@@ -269,18 +269,21 @@ def _cmd_demo(args) -> int:
     return _demo_decode(args)
 
 
-DEMO_GRID = {"ks": [1, 4], "lengths": [2], "verifiers": ["kseq"]}
-"""The demo's contenders besides autoregressive: k = 1 (speculative sampling) and K-SEQ at k = 4,
-depth 2 (the fastest row of docs/decode.md's table on the 2-core CPU, 1.38-1.39x in its last runs)."""
+DEMO_GRID = {"ks": [1, 2, 4], "lengths": [1, 2, 3, 4], "verifiers": ["kseq"]}
+"""The configurations the demo's plan chooses among (otm.decode.auto.plan: measured costs and acceptance by
+depth on this machine); the table then runs autoregressive sampling, speculative sampling (k = 1) and the
+chosen K-SEQ tree at the chosen depth."""
 
 
 def _demo_decode(args) -> int:
-    """Part 2: a short decode with the embedded models, autoregressive vs speculative, and the measured speed-up."""
+    """Part 2: the machine picks k and L (costs and acceptance measured here), then a short decode of
+    autoregressive sampling against speculative sampling and the chosen tree, with the measured speed-up."""
     import os
 
     import torch
 
-    from .decode.bench import best_speculative, run_bench
+    from .decode.auto import plan
+    from .decode.bench import PROMPTS, best_speculative, encode_prompt, measure_costs, run_bench
     from .decode.draft_vocab import DEFAULT_DRAFT_VOCAB
     from .decode.models import load_pair, resolve_dtype
     from .decode.sampling import Sampling
@@ -289,25 +292,47 @@ def _demo_decode(args) -> int:
     dtype = resolve_dtype("auto")
     g = DEMO_GRID
     print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target, feature")
-    print(f"draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens), every contender in {dtype}, one thread:")
-    print("autoregressive vs k = 1 (speculative sampling) vs k = 4 (K-SEQ), L = 2\n")
+    print(f"draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens), every contender in {dtype}, one thread.")
+    print(f"The machine picks the tree: k in {g['ks']}, L in {g['lengths']}, K-SEQ, from T(n), d(b) and the acceptance")
+    print("by depth measured here; then autoregressive vs k = 1 (speculative sampling) vs the chosen tree\n")
     print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
     target, draft, tokenizer = load_pair(None, None, dtype=dtype, device="cpu", draft_vocab=DEFAULT_DRAFT_VOCAB)
     name = str(dtype).removeprefix("torch.")
-    command = (f"otm bench-decode --k {','.join(map(str, g['ks']))} --length {','.join(map(str, g['lengths']))} "
-               f"--verifiers {','.join(g['verifiers'])} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-               f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1"
-               + (f" --compile {args.compile}" if args.compile != "auto" else ""))
-    rows = run_bench(target, draft, tokenizer, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"],
-                     sampling=Sampling(), max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
-                     hf=False, progress=True, command=command, compile=args.compile)
+    sampling = Sampling()
+    ids = encode_prompt(tokenizer, PROMPTS[0])
+    compile = args.compile
+    if compile == "auto":
+        from .decode.compile_choice import choose
+
+        picked = choose(target, draft, ids, measure=measure_costs, k=max(g["ks"]), length=max(g["lengths"]), sampling=sampling,
+                        new_tokens=3 * args.prompts * args.max_new_tokens, capacity=len(ids) + args.max_new_tokens,
+                        out=print)
+        print(picked.line, flush=True)
+        compile = picked.choice
+    print("measuring the costs and the acceptance by depth ...", flush=True)
+    chosen = plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"], sampling=sampling,
+                  compile=compile)
+    print(chosen.line(), flush=True)
+    best = chosen.best
+    if best is None:
+        print("\nNo tree is predicted to beat autoregressive sampling on this machine: decode autoregressively here "
+              "(otm decode --autoregressive); otm bench-decode --threads 1 measures every configuration.")
+        return 0
+    ks = sorted({1, best.k})
+    command = (f"otm bench-decode --k {','.join(map(str, ks))} --length {best.length} "
+               f"--verifiers {best.verifier} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+               f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1 --compile {compile}")
+    rows = run_bench(target, draft, tokenizer, ks=ks, lengths=[best.length], verifiers=[best.verifier],
+                     sampling=sampling, max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
+                     hf=False, progress=True, command=command, compile=compile)
     ar = next(r for r in rows if r.contender.kind == "autoregressive")
-    best = best_speculative(rows)
+    top = best_speculative(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"\nautoregressive: {ar.tokens_per_second:.1f} tokens/s; best speculative row: {best.contender.name}, "
-          f"{best.tokens_per_second:.1f} tokens/s = {best.tokens_per_second / ar.tokens_per_second:.2f}x "
+    print(f"\nautoregressive: {ar.tokens_per_second:.1f} tokens/s; best speculative row: {top.contender.name}, "
+          f"{top.tokens_per_second:.1f} tokens/s = {top.tokens_per_second / ar.tokens_per_second:.2f}x "
           f"autoregressive (this run, {name}, one thread, {args.prompts} prompts x {args.max_new_tokens} tokens; "
-          f"{best.tokens_per_cpu_second / ar.tokens_per_cpu_second:.2f}x in CPU time; load average {load:.2f} at the "
+          f"predicted {best.speedup:.2f}x for {best.verifier} k={best.k} L={best.length}; "
+          f"{top.tokens_per_cpu_second / ar.tokens_per_cpu_second:.2f}x in CPU time; load average {load:.2f} at the "
           f"end: other work on the machine slows every row and blurs the ratio)")
     print("\nThe full table (every verifier, k in 1,2,4,8, L in 2,4,8, transformers' generate and assisted generation):")
     print("  otm bench-decode --threads 1")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from otm.decode import compile_choice
-from otm.decode.bench import Costs
+from otm.decode.bench import Costs, measure_costs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -33,50 +33,49 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _fake_costs(monkeypatch, eager: float, compiled: float, calls: list):
-    """measure_costs replaced: T(n) and d(b) of ``eager`` ms each with compile none, ``compiled`` otherwise."""
-    import otm.decode.bench as bench
+def _fake_costs(eager: float, compiled: float, calls: list):
+    """measure_costs' stand-in: T(n) and d(b) of ``eager`` ms each with compile none, ``compiled`` otherwise."""
 
     def fake(target, draft, context, sizes, batches, *, compile="none", **kw):
         calls.append(compile)
         ms = eager if compile == "none" else compiled
         return Costs({n: ms for n in sizes}, {b: ms / 10 for b in batches}, len(context))
 
-    monkeypatch.setattr(bench, "measure_costs", fake)
+    return fake
 
 
 def test_a_short_decode_is_not_worth_compiling(cache):
     """A toy model's whole decode takes milliseconds: none, without timing the compiled step or keeping anything."""
     t, d = _tiny_llama(0), _tiny_llama(1)
-    picked = compile_choice.choose(t, d, [1, 2, 3], k=2, length=2, new_tokens=8)
+    picked = compile_choice.choose(t, d, [1, 2, 3], measure=measure_costs, k=2, length=2, new_tokens=8)
     assert picked.choice == "none" and "under 2 s" in picked.line and "\n" not in picked.line
     assert not (cache / compile_choice.FILE).exists()
 
 
-def test_the_faster_step_is_chosen_and_kept(cache, monkeypatch):
+def test_the_faster_step_is_chosen_and_kept(cache):
     t, d = _tiny_llama(0), _tiny_llama(1)
     calls = []
-    _fake_costs(monkeypatch, eager=100.0, compiled=60.0, calls=calls)
-    picked = compile_choice.choose(t, d, [1, 2, 3], k=4, length=2, new_tokens=64)
+    fake = _fake_costs(eager=100.0, compiled=60.0, calls=calls)
+    picked = compile_choice.choose(t, d, [1, 2, 3], measure=fake, k=4, length=2, new_tokens=64)
     assert picked.choice == "default" and calls == ["none", "default"]
     assert "eager 120.0 ms, compiled (default) 72.0 ms" in picked.line  # T(9) + d(1) + d(4): 100 + 10 + 10
     kept = json.loads((cache / compile_choice.FILE).read_text())
     assert [e["choice"] for e in kept.values()] == ["default"]
     # the same machine, models and shape: read back, nothing measured again
-    again = compile_choice.choose(t, d, [1, 2, 3], k=4, length=2, new_tokens=64)
+    again = compile_choice.choose(t, d, [1, 2, 3], measure=fake, k=4, length=2, new_tokens=64)
     assert again.choice == "default" and calls == ["none", "default"] and "kept in" in again.line
     # another shape is another decision
-    compile_choice.choose(t, d, [1, 2, 3], k=2, length=3, new_tokens=64)
+    compile_choice.choose(t, d, [1, 2, 3], measure=fake, k=2, length=3, new_tokens=64)
     assert calls == ["none", "default"] * 2 and len(json.loads((cache / compile_choice.FILE).read_text())) == 2
 
 
-def test_a_compiled_step_within_the_noise_is_not_chosen(cache, monkeypatch):
+def test_a_compiled_step_within_the_noise_is_not_chosen(cache):
     """Negative control of the rule: compiled 3 % faster (inside MARGIN = 5 %) stays eager."""
     t, d = _tiny_llama(0), _tiny_llama(1)
-    _fake_costs(monkeypatch, eager=100.0, compiled=97.0, calls=[])
-    assert compile_choice.choose(t, d, [1, 2], k=1, length=0, new_tokens=64).choice == "none"
-    _fake_costs(monkeypatch, eager=100.0, compiled=94.0, calls=[])
-    assert compile_choice.choose(t, d, [1, 2], k=1, length=1, new_tokens=64).choice == "default"
+    fake = _fake_costs(eager=100.0, compiled=97.0, calls=[])
+    assert compile_choice.choose(t, d, [1, 2], measure=fake, k=1, length=0, new_tokens=64).choice == "none"
+    fake = _fake_costs(eager=100.0, compiled=94.0, calls=[])
+    assert compile_choice.choose(t, d, [1, 2], measure=fake, k=1, length=1, new_tokens=64).choice == "default"
 
 
 def test_the_key_names_what_the_decision_depends_on():

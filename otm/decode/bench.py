@@ -454,7 +454,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         from .compile_choice import choose
 
         big = max(ours, key=lambda c: 1 + c.delay + c.k * (c.length - c.delay), default=None)
-        picked = choose(target, draft, prompts[0], k=big.k if big else 1, length=big.length if big else 0,
+        picked = choose(target, draft, prompts[0], measure=measure_costs, k=big.k if big else 1, length=big.length if big else 0,
                         delay=big.delay if big else 0, sampling=sampling,
                         new_tokens=max_new_tokens * len(prompts) * len(rows), out=out,
                         capacity=max(map(len, prompts)) + max_new_tokens)

@@ -261,6 +261,7 @@ def _choose_compile(args, target, draft, ids, sampling) -> str:
     """Resolve ``--compile auto`` (:mod:`otm.decode.compile_choice`) for this run's step, with ``--k/--length auto``
     for the grid's largest tree; its line on stderr when a decision was measured or read back, or when
     ``--compile auto`` was given (the default, None, says nothing about a decode too short to matter)."""
+    from .bench import measure_costs
     from .compile_choice import choose
 
     length = 0 if args.autoregressive else max(AUTO_LENGTHS) if args.length == "auto" else args.length
@@ -269,7 +270,7 @@ def _choose_compile(args, target, draft, ids, sampling) -> str:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    picked = choose(target, draft, list(ids), k=k if length else 1, length=length, delay=args.delay or 0,
+    picked = choose(target, draft, list(ids), measure=measure_costs, k=k if length else 1, length=length, delay=args.delay or 0,
                     sampling=sampling, new_tokens=args.max_new_tokens, capacity=len(ids) + args.max_new_tokens, out=say)
     if picked.measured or args.compile == "auto":
         say(picked.line)

@@ -84,13 +84,14 @@ def _read(path) -> dict:
         return {}
 
 
-def choose(target, draft, context: list[int], *, k: int, length: int, delay: int = 0, sampling=None,
+def choose(target, draft, context: list[int], *, measure, k: int, length: int, delay: int = 0, sampling=None,
            new_tokens: int = 64, capacity: int | None = None, out=None) -> Choice:
     """Resolve ``--compile auto`` for a run of ``new_tokens`` tokens with trees of k rows of depth ``length``
-    (0: autoregressive) after ``context`` (module docstring). ``out``: where progress lines go."""
+    (0: autoregressive) after ``context`` (module docstring). ``measure``: the bench's
+    :func:`~otm.decode.bench.measure_costs` (the one timing of the decoder's calls); ``out``: where progress
+    lines go."""
     import torch
 
-    from .bench import measure_costs
     from .embedded import cache_dir
     from .runner import device_and_dtype
 
@@ -106,7 +107,7 @@ def choose(target, draft, context: list[int], *, k: int, length: int, delay: int
         return Choice(known["choice"], f"compile auto: {known['choice']} ({known['why']}; measured {known['date']}, "
                                        f"kept in {path})")
     common = dict(sampling=sampling, repeats=3)
-    eager = measure_costs(target, draft, context, sizes, batches, **common)
+    eager = measure(target, draft, context, sizes, batches, **common)
     eager_ms = eager.step_ms(k, length, delay) if length else eager.target(1)
     if new_tokens * eager_ms / 1000.0 < MIN_DECODE_SECONDS:
         return Choice("none", f"compile auto: none (the whole decode takes about {new_tokens * eager_ms / 1000:.1f} s "
@@ -115,7 +116,7 @@ def choose(target, draft, context: list[int], *, k: int, length: int, delay: int
         out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
             "kept in the user cache) against the eager one ...")
     start = time.perf_counter()
-    compiled = measure_costs(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
+    compiled = measure(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
     seconds = time.perf_counter() - start
     compiled_ms = compiled.step_ms(k, length, delay) if length else compiled.target(1)
     choice = mode if compiled_ms < (1.0 - MARGIN) * eager_ms else "none"
