@@ -182,7 +182,9 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
 def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, hf_draft, *, count_host_reads=False,
          compile: str = "none"):
     """One run of a contender: (new tokens, target calls, draft calls, seconds, DecodeStats or None);
-    ``hf_draft`` is the draft of the hf assisted row; ``compile`` a choice of ``--compile`` for otm's rows."""
+    ``hf_draft`` is the draft of the hf assisted row; ``compile`` a choice of ``--compile`` for otm's rows.
+    otm's rows run with ``validate=False``: the samplers and verifiers get the decoder's own laws (whose
+    model-fault checks stay), and each value check would be a device sync (docs/decode.md, "Syncs per step")."""
     from .steps import compile_options
     from .decoder import autoregressive_decode, speculative_decode
 
@@ -193,11 +195,11 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
         return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
-                                  count_host_reads=count_host_reads, **step)
+                                  count_host_reads=count_host_reads, validate=False, **step)
     else:
         g = speculative_decode(target, draft, ids, k=c.k, length=c.length, verifier=c.verifier, scheme=c.scheme,
                                delay=c.delay, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
-                               count_host_reads=count_host_reads, **step)
+                               count_host_reads=count_host_reads, validate=False, **step)
     s = g.stats
     return s.new_tokens, s.target_calls, s.draft_calls, s.wall_seconds, s
 
@@ -532,16 +534,18 @@ HOST_READ_TOKENS = 16
 def host_read_lines(rows, target, draft, ids, sampling, eos, seed) -> list[str]:
     """Host reads per step of otm's contenders, by phase (:mod:`otm.decode.host_reads`): on a GPU each is a
     device sync. Counted on a separate run of :data:`HOST_READ_TOKENS` tokens of ``ids``."""
-    from .host_reads import PHASES
+    from .host_reads import PHASES, device_paths
 
     lines = [f"host reads per step (tensor values read back: a device sync each on a GPU; counted on a separate "
-             f"{HOST_READ_TOKENS}-token run of the first prompt), by phase {' / '.join(PHASES[:4])}:"]
+             f"{HOST_READ_TOKENS}-token run of the first prompt with the device's paths), by phase "
+             f"{' / '.join(PHASES[:-1])}:"]
     for row in rows:
         c = row.contender
         if c.kind not in ("autoregressive", "speculative"):
             continue
-        s = _run(c, target, draft, ids, sampling, HOST_READ_TOKENS, eos, seed, None, count_host_reads=True)[-1]
-        per = [s.host_reads.get(ph, 0) / s.steps for ph in PHASES[:4]]
+        with device_paths():  # what a GPU would sync on (the CPU's own paths read more, at no cost there)
+            s = _run(c, target, draft, ids, sampling, HOST_READ_TOKENS, eos, seed, None, count_host_reads=True)[-1]
+        per = [s.host_reads.get(ph, 0) / s.steps for ph in PHASES[:-1]]  # all but "other"
         lines.append(f"  {c.name}: {' / '.join(f'{x:.1f}' for x in per)} ({sum(per):.1f} in all; "
                      f"{s.host_reads.get('other', 0) / s.steps:.1f} more between steps)")
     return lines

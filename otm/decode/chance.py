@@ -18,12 +18,16 @@ choice                              law
                                     residual token (:mod:`otm.decode.tree_rules`)
 ==================================  ==========================================================
 
+The sampled run makes the same choices in batches that stay on the device: :meth:`Chance.verify_batch` (the
+verifier at every node of the tree at once), :meth:`Chance.bonus_batch` (the target's draw at every leaf), and
+:meth:`Chance.uniforms` (fresh uniforms with which a whole-tree rule draws its decisions on the host, by the same
+inverse CDF); see ``Chance.device_walk``. Each choice still has its own randomness, so the laws are unchanged.
+
 Two doors:
 
-* :class:`Sampled` draws with a ``torch.Generator``, exactly as the decoder always has
-  (``ot.sample_iid``, ``ot.sample_without_replacement``, the torch verifier with the generator,
-  ``ot.sample_iid`` for the bonus): the same calls in the same order, so a seed gives the same
-  tokens as before the door existed.
+* :class:`Sampled` draws with a ``torch.Generator`` (``ot.sample_iid``, ``ot.sample_without_replacement``,
+  the torch verifier with the generator, ``ot.sample_iid`` for the bonus), in the batches above: a seed
+  gives the same tokens run after run (not those of the node-by-node walk, which drew fewer numbers).
 * :class:`Enumerated` makes each choice one *elementary choice*: a categorical over a finite
   list of options with float64 probabilities, zero-probability options left out. It takes the
   options named by a forced prefix of indices, then option 0, and records every choice's
@@ -72,7 +76,15 @@ class Chance:
 
     Every method takes the laws as the decoder holds them (float64 by default) and returns
     token ids; subclasses decide how.
+
+    ``device_walk``: whether the decoder keeps a step's decisions on the device (:class:`Sampled`): the
+    level-by-level walk then verifies every node of the tree with :meth:`verify_batch` and draws every
+    leaf's bonus with :meth:`bonus_batch`, follows the accepted path on the device, and reads the step's
+    outcome back once (``otm.decode.tree_rules.LevelByLevel``); otherwise (:class:`Enumerated`) it
+    verifies node by node, down the accepted path only.
     """
+
+    device_walk = False
 
     def draft_iid(self, laws: torch.Tensor, k: int) -> torch.Tensor:
         """``[n, k]`` int64: k i.i.d. draws from each row of ``laws [n, V]``."""
@@ -95,12 +107,33 @@ class Chance:
         verification's accepted length), and from a residual law of such a rule."""
         raise NotImplementedError
 
+    def uniforms(self, n: int, device) -> torch.Tensor | None:
+        """``[n]`` float64 uniforms on [0, 1) on ``device``, for a whole-tree rule that draws its decisions on the
+        host by inverse CDF (``otm.decode.tree_rules.HostLaws``), or None: the rule asks :meth:`index` and
+        :meth:`bonus` instead (the default, and the exact mode's door, which enumerates those choices)."""
+        return None
+
+    def verify_batch(self, verifier: Callable, target: torch.Tensor, draft: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """``[B]`` int64 on the laws' device: the output token of ``verifier`` at B nodes, each with its own
+        randomness (``target``, ``draft`` ``[B, V]``, ``drafts [B, m]``). By default B calls of :meth:`verify`."""
+        out = [self.verify(verifier, target[i : i + 1], draft[i : i + 1], drafts[i : i + 1]) for i in range(target.shape[0])]
+        return torch.tensor(out, dtype=torch.int64, device=target.device)
+
+    def bonus_batch(self, target: torch.Tensor) -> torch.Tensor:
+        """``[B]`` int64 on the laws' device: one draw from each row of ``target [B, V]``. By default B
+        calls of :meth:`bonus`."""
+        out = [self.bonus(target[i : i + 1]) for i in range(target.shape[0])]
+        return torch.tensor(out, dtype=torch.int64, device=target.device)
+
 
 class Sampled(Chance):
     """Random draws from a ``torch.Generator`` (what :func:`speculative_decode` does with a seed).
 
     ``validate`` runs the samplers' and verifiers' value checks (one synchronisation per call).
+    The batch calls are one call of the verifier (the sampler) on all B rows: no read of a value.
     """
+
+    device_walk = True
 
     def __init__(self, generator: torch.Generator, validate: bool = True):
         self.generator, self.validate = generator, validate
@@ -119,6 +152,15 @@ class Sampled(Chance):
 
     def index(self, law):
         return int(ot.sample_iid(law, 1, generator=self.generator, validate=self.validate)[0, 0])
+
+    def uniforms(self, n, device):
+        return torch.rand(n, dtype=torch.float64, device=device, generator=self.generator)  # [n]
+
+    def verify_batch(self, verifier, target, draft, drafts):
+        return verifier(target, draft, drafts, generator=self.generator, validate=self.validate).token  # [B]
+
+    def bonus_batch(self, target):
+        return ot.sample_iid(target, 1, generator=self.generator, validate=self.validate)[:, 0]  # [B]
 
 
 def _builtin_laws() -> dict[int, Callable]:

@@ -22,7 +22,9 @@ One *step* (SpecTr, Sun et al. NeurIPS 2023, §2.3):
    (drafts = the next tokens of the rows through the node, with multiplicity, in row order;
    target and draft laws = the node's); emit its token y; if y is a child, move there and go
    on, else stop (y was the correction token). At a node without children (a leaf at depth L)
-   emit the bonus token :math:`y \sim p(\cdot|\text{leaf})`;
+   emit the bonus token :math:`y \sim p(\cdot|\text{leaf})`. The sampled run verifies every node at once
+   and follows the path on the device, reading the step's outcome back once
+   (:class:`~otm.decode.tree_rules.LevelByLevel`; the reads per step: docs/decode.md, "Syncs per step");
 5. **rollback**: both caches go back to the committed tokens (target: keep the accepted
    path's keys and values and crop the rest of the tree, or crop the whole tree and feed the
    path again with the next tree; draft: keep the row that carries the accepted path and crop
@@ -73,6 +75,7 @@ import torch
 
 from .. import torch as ot
 from ..laws import OtmError
+from ..torch import _rho
 from ..verifiers import decodable
 from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: the decoder's public names)
 from .chance import Chance, Sampled
@@ -294,6 +297,7 @@ class _Drafts:
     laws: list[torch.Tensor]  # laws[0] [1, V] = q(.|c); laws[t] [k', V] ([1, V] for t <= delay): the law of token t + 1
     logits: list[torch.Tensor]  # the draft logits each law was processed from (same shapes; the raw law of peers' bug #47932)
     context: int  # draft cache length before the rows (|c|)
+    positive: torch.Tensor | None = None  # [k] bool, without_replacement on the device: whether row j's first token has mass
 
 
 class _Decoder:
@@ -333,21 +337,34 @@ class _Decoder:
             method=method, prompt_tokens=len(prompt), verified_by_depth=[0] * length, accepted_by_depth=[0] * length
         )
         self.reads = None  # an otm.decode.host_reads.HostReads while counting (count_host_reads=True)
+        # a door that keeps decisions on the device (the sampled run, off the CPU): the laws' checks wait for the
+        # step's reads. On the CPU a read costs nothing and the node-by-node walk verifies fewer nodes, so the CPU
+        # keeps it (faster there: docs/decode.md, "Syncs per step"), unless the device path is forced
+        # (otm.torch._rho.FORCE_DEVICE_PATH: what a GPU runs, for the sync counts and their tests)
+        self.device_walk = bool(getattr(chance, "device_walk", False)) and (
+            self.target.device.type != "cpu" or _rho.FORCE_DEVICE_PATH)
+        self.defer_target = self.device_walk  # read with the step's outcome, or with its laws (a numpy tree rule)
+        self.checks: list[tuple] = []  # (all finite [] bool tensor, role, logits) of laws not yet checked
+        self.host_laws = None  # the step's otm.decode.tree_rules.HostLaws (a whole-tree rule with numpy arithmetic)
 
     def phase(self, name: str) -> None:
         """The part of the step now running, for the host-read count (nothing when not counting)."""
         if self.reads is not None:
             self.reads.phase = name
 
-    def laws(self, logits: torch.Tensor, role: str) -> torch.Tensor:
+    def laws(self, logits: torch.Tensor, role: str, defer: bool = False) -> torch.Tensor:
         """Processed laws of ``logits [n, V]`` from the ``role`` model ("target" or "draft"), checked first:
-        a NaN or +inf logit, or a row with no finite logit, is that model's fault, named in one line."""
+        a NaN or +inf logit, or a row with no finite logit, is that model's fault, named in one line.
+
+        ``defer``: the check waits for the step's next read (:meth:`read`, which raises the same line), so it
+        costs no read of its own; meanwhile a faulty row gets the uniform law, so that nothing fails first."""
         top = logits.amax(-1)  # [n]: NaN if a logit is NaN, +inf if one is +inf, -inf if all are -inf
-        if not bool(torch.isfinite(top).all()):  # one reduction; the full scan only to name the fault
-            bad = torch.isnan(logits) | torch.isposinf(logits)  # [n, V]
-            what = "NaN or +inf logits" if bool(bad.any()) else "a position where every logit is -inf"
-            raise OtmError(f"the {role} model returned {what}: check its weights and dtype (a float16 overflow?) "
-                           "before decoding")
+        finite = torch.isfinite(top)  # [n]
+        if defer:
+            self.checks.append((finite.all(), role, logits))
+            logits = torch.where(finite[:, None], logits, torch.zeros_like(logits))  # [n, V]
+        elif not bool(finite.all()):  # one reduction; the full scan only to name the fault
+            self.fail_laws(role, logits)
         if self.V is None:
             self.V = logits.shape[-1]
         elif logits.shape[-1] != self.V:
@@ -356,6 +373,47 @@ class _Decoder:
                 "both models must share one vocabulary"
             )
         return next_token_laws(logits, self.sampling, dtype=self.law_dtype)
+
+    def fail_laws(self, role: str, logits: torch.Tensor):
+        bad = torch.isnan(logits) | torch.isposinf(logits)  # [n, V]
+        what = "NaN or +inf logits" if bool(bad.any()) else "a position where every logit is -inf"
+        raise OtmError(f"the {role} model returned {what}: check its weights and dtype (a float16 overflow?) "
+                       "before decoding")
+
+    def read(self, values: torch.Tensor, phase: str = "accept") -> list[int]:
+        """``values`` (whole numbers) as host ints, with the deferred checks of the laws (:meth:`laws`), in ONE
+        read of the device (a sync on a GPU), counted in ``phase``: "draft" for the drafted rows (the tree is
+        built on the host), "accept" for the step's outcome."""
+        self.phase(phase)
+        flat = values.reshape(-1).to(torch.int64)
+        checks, self.checks = self.checks, []
+        if checks:
+            flat = torch.cat([flat, torch.stack([c[0] for c in checks]).to(device=flat.device, dtype=torch.int64)])
+        out = flat.tolist()
+        n = values.numel()
+        for ok, (_, role, logits) in zip(out[n:], checks):
+            if not ok:
+                self.fail_laws(role, logits)
+        return out[:n]
+
+    def read_array(self, values: torch.Tensor, phase: str = "laws"):
+        """``values`` as a float64 numpy array, with the deferred checks of the laws, in ONE read (a sync on a
+        GPU) counted in ``phase``: a whole-tree rule's copy of the step's laws (``otm.decode.tree_rules.HostLaws``).
+        The count goes back to the phase it interrupted."""
+        before = self.reads.phase if self.reads is not None else None
+        self.phase(phase)
+        flat = values.reshape(-1).to(torch.float64)
+        checks, self.checks = self.checks, []
+        if checks:
+            flat = torch.cat([flat, torch.stack([c[0] for c in checks]).to(flat)])
+        out = flat.numpy(force=True)  # [n + checks]: one copy to the host
+        n = values.numel()
+        for ok, (_, role, logits) in zip(out[n:], checks):
+            if not ok:
+                self.fail_laws(role, logits)
+        if before is not None:
+            self.phase(before)
+        return out[:n]
 
     # 1. drafting ---------------------------------------------------------------------------
     def draft_rows(self, L: int, delay: int = 0) -> "_Drafts":
@@ -374,7 +432,7 @@ class _Decoder:
             guess = h_root
         else:
             logits, guess = d.feed(self.pending_draft), None  # [1, V]
-        law = self.laws(logits, "draft")  # [1, V]: the law at the current node of the shared path
+        law = self.laws(logits, "draft", self.device_walk)  # [1, V]: the law at the current node of the shared path
         self.pending_draft = []
         context = d.length()
         out = _Drafts(None, [law], [logits], context)
@@ -392,7 +450,7 @@ class _Decoder:
         for t in range(delay):
             if t:
                 logits, _ = advance(path[-1], t)  # [1, V]
-                law = self.laws(logits, "draft")
+                law = self.laws(logits, "draft", self.device_walk)
                 out.laws.append(law)
                 out.logits.append(logits)
             path.append(self.chance.draft_iid(law, 1))  # [1, 1]
@@ -401,11 +459,16 @@ class _Decoder:
             return out
         if delay:  # the law at the path's end, from which the k branch tokens are drawn
             logits, _ = advance(path[-1], delay)  # [1, V]
-            law = self.laws(logits, "draft")
+            law = self.laws(logits, "draft", self.device_walk)
             out.laws.append(law)
             out.logits.append(logits)
         if self.scheme == "iid":
             first = self.chance.draft_iid(law, self.k)  # [1, k]
+        elif self.device_walk and not getattr(self.chance, "validate", True):
+            # k draws, no read here; the rows past the support size (zero mass, drawn last) are cut at the rows' read
+            # (a validating door checks the support first, as below: its check would refuse k > support)
+            first = self.chance.draft_without_replacement(law, self.k)  # [1, k]
+            out.positive = law[0, first[0]] > 0  # [k]
         else:
             k = min(self.k, int((law > 0).sum()))  # the scheme needs k tokens of positive mass
             first = self.chance.draft_without_replacement(law, k)  # [1, k']
@@ -415,23 +478,37 @@ class _Decoder:
             rows[:, t] = x[0, 0]
         rows[:, delay] = first[0]
         out.rows = rows
-        prefixes = [(t,) for t in first[0].tolist()]
         if L - delay > 1:
             d.cache.batch_repeat_interleave(k)
             if self.features:
                 guess = guess.expand(k, -1)  # [k', H]
         for t in range(delay + 1, L):
-            seen: dict[tuple, int] = {}
-            representative = [seen.setdefault(p, j) for j, p in enumerate(prefixes)]  # first row of each prefix
+            # the first row of each row's prefix (on the device: no read)
+            same = (rows[:, None, delay:t] == rows[None, :, delay:t]).all(-1)  # [k', k']
+            representative = same.to(torch.int64).argmax(-1)  # [k']: argmax takes the first maximum
             logits = advance(rows[:, t - 1 : t], t)[0][representative]  # [k', V]: one per distinct prefix
             if self.features:
                 guess = guess[representative]
-            laws = self.laws(logits, "draft")  # [k', V]
+            laws = self.laws(logits, "draft", self.device_walk)  # [k', V]
             rows[:, t] = self.chance.draft_iid(laws, 1)[:, 0]
             out.laws.append(laws)
             out.logits.append(logits)
-            prefixes = [p + (x,) for p, x in zip(prefixes, rows[:, t].tolist())]
         return out
+
+    # 2. tree -------------------------------------------------------------------------------------
+    def host_rows(self, drafts: "_Drafts") -> list[list[int]]:
+        """The drafted rows as host ints (the tree is built on the host), in one read with the drafts' deferred
+        checks; without replacement on the device, the rows past the support size are cut here."""
+        k, L = drafts.rows.shape
+        values = drafts.rows.reshape(-1)
+        if drafts.positive is not None:
+            values = torch.cat([values, drafts.positive.to(torch.int64)])
+        out = self.read(values, "draft") if self.device_walk else values.tolist()
+        rows = [out[j * L : (j + 1) * L] for j in range(k)]
+        if drafts.positive is not None:
+            keep = sum(out[k * L :])  # the positive-mass tokens come first (their race keys are finite)
+            drafts.rows, rows = drafts.rows[:keep], rows[:keep]
+        return rows
 
     # 3. target pass --------------------------------------------------------------------------
     def score(self, tree: DraftTree) -> torch.Tensor:
@@ -452,7 +529,7 @@ class _Decoder:
             feats = self.captured[-1][0].to(torch.promote_types(self.captured[-1].dtype, torch.float32))  # [q', H]
             self.tree_features = feats[-tree.size :]  # [N, H] by node
             self.prompt_features = feats[: -tree.size]  # the pending tokens before the root (first pass: the prompt)
-        return self.laws(logits, "target")
+        return self.laws(logits, "target", self.defer_target)
 
     # 4. walk ---------------------------------------------------------------------------------
     def node_draft_law(self, tree: DraftTree, node: int, drafts: "_Drafts") -> torch.Tensor:
@@ -467,6 +544,8 @@ class _Decoder:
     def walk(self, tree: DraftTree, drafts: "_Drafts | None", target_laws) -> tuple[list[int], list[int]]:
         """Emitted tokens and the accepted path (its nodes, depth 1 first): the run's tree rule."""
         if not tree.children[0]:  # no drafts this step (autoregressive, or a feature draft's first step)
+            if self.device_walk:
+                return self.read(self.chance.bonus_batch(target_laws[:1])), []
             return [self.bonus(tree, 0, target_laws)], []
         return self.rule.walk(self, tree, drafts, target_laws)
 
@@ -500,12 +579,13 @@ class _Decoder:
         if self.features and self.pending_feats is None:
             L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
         root = self.pending_target[-1]
+        self.host_laws = None
         t0 = time.perf_counter()
         self.phase("draft")
         delay = min(self.delay, L)  # the shared path, cut with the depth near the limit
         if L >= 1:
             drafts = self.draft_rows(L, delay)
-            tree = DraftTree.from_rows(drafts.rows, root, delay=delay)
+            tree = DraftTree.from_rows(self.host_rows(drafts), root, delay=delay)
         else:
             drafts, tree = None, DraftTree.root_only(root)
         t1 = time.perf_counter()
@@ -515,6 +595,8 @@ class _Decoder:
         t2 = time.perf_counter()
         self.phase("verify")
         emitted, path = self.walk(tree, drafts, target_laws)
+        if self.checks:  # a rule that read nothing back (a user's tree rule): the target's check, one read
+            self.read(torch.zeros(0, dtype=torch.int64), "accept")
         self.committed.extend(emitted)
         t3 = time.perf_counter()
         self.phase("rollback")
@@ -726,12 +808,14 @@ def autoregressive_decode(
     static: bool = False,
     compile: str | None = None,
     max_cache: int | None = None,
+    validate: bool = True,
 ) -> Generation:
     """Autoregressive sampling from the target through the decoder's own code (steps without drafts).
 
     Each step is one target call on the pending tokens and one inverse-CDF draw from the
-    processed law (``chance.bonus``); block efficiency is 1. ``static``, ``compile``, ``max_cache``: as
-    :func:`speculative_decode` (the same static step, compiled or not, so ratios compare like with like).
+    processed law (``chance.bonus``); block efficiency is 1. ``static``, ``compile``, ``max_cache``,
+    ``validate``: as :func:`speculative_decode` (the same static step, compiled or not, so ratios compare
+    like with like; ``validate`` checks the law before each draw, one synchronisation per step).
     """
     max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
@@ -739,7 +823,7 @@ def autoregressive_decode(
     device = device_and_dtype(target)[0]
     decoder = _Decoder(
         target, None, prompt, k=1, length=0, scheme="iid", verifier=None, sampling=sampling,
-        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, True),
+        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
         law_dtype=law_dtype, method="autoregressive", static=static, compile=compile, max_cache=max_cache,
         prompt_length=len(prompt),
     )

@@ -117,10 +117,10 @@ def _slot_cache_class():
             """Keep one row: copied into every row (the batch stays fixed), committed slots only."""
             if indices.numel() != 1:
                 raise OtmError("a static draft cache returns to one row at a time")
-            row = int(indices.reshape(-1)[0])
+            row = indices.reshape(-1).to(self.keys[0].device)  # [1]: kept on the device (no read of its value)
             n = self.used
             for t in self.keys + self.values:
-                t[:, :, :n] = t[row : row + 1, :, :n]
+                t[:, :, :n] = t[:, :, :n].index_select(0, row)  # gathered before the write
 
         def keep_path(self, length: int, path: list[int]) -> None:
             """Copy the slots ``path`` (increasing, all >= length) down to ``length ..``; commit them."""

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_reads import host_born
+
 
 @dataclass
 class DraftTree:
@@ -56,6 +58,14 @@ class DraftTree:
     # (every row through the node; on a delayed tree's shared path row 0 alone: module docstring)
     children: list[list[int]]  # per node: distinct children, in node order
     delay: int = 0  # the shared path's length (a delayed tree, module docstring): the depth where the k rows branch
+    token_list: list[int] | None = None  # ``tokens`` as host ints (read without touching a tensor: no device sync)
+    parent_list: list[int] | None = None  # ``parent`` as host ints
+
+    def __post_init__(self):
+        if self.token_list is None:
+            self.token_list = [int(t) for t in self.tokens.tolist()]
+        if self.parent_list is None:
+            self.parent_list = [int(t) for t in self.parent.tolist()]
 
     @classmethod
     def from_rows(cls, rows, root_token: int, delay: int = 0) -> "DraftTree":
@@ -87,25 +97,29 @@ class DraftTree:
                     rows_through[node].append(j)
                 node_of[j][t] = node
         return cls(
-            tokens=torch.tensor(tokens, dtype=torch.int64),
-            parent=torch.tensor(parent, dtype=torch.int64),
+            tokens=host_born(torch.tensor(tokens, dtype=torch.int64)),
+            parent=host_born(torch.tensor(parent, dtype=torch.int64)),
             depth=depth,
-            node_of=torch.tensor(node_of, dtype=torch.int64),
+            node_of=host_born(torch.tensor(node_of, dtype=torch.int64)),
             rows_through=rows_through,
             children=children,
             delay=int(delay),
+            token_list=tokens,
+            parent_list=parent,
         )
 
     @classmethod
     def root_only(cls, root_token: int) -> "DraftTree":
         """The tree of a step without drafts (autoregressive step: only the root)."""
         return cls(
-            tokens=torch.tensor([int(root_token)], dtype=torch.int64),
-            parent=torch.tensor([-1], dtype=torch.int64),
+            tokens=host_born(torch.tensor([int(root_token)], dtype=torch.int64)),
+            parent=host_born(torch.tensor([-1], dtype=torch.int64)),
             depth=[0],
-            node_of=torch.zeros((0, 1), dtype=torch.int64),
+            node_of=host_born(torch.zeros((0, 1), dtype=torch.int64)),
             rows_through=[[]],
             children=[[]],
+            token_list=[int(root_token)],
+            parent_list=[-1],
         )
 
     @property
@@ -116,7 +130,7 @@ class DraftTree:
         """``[N, N]`` bool: ``a[i, j]`` iff node j is node i or one of its ancestors."""
         n = self.size
         anc = torch.eye(n, dtype=torch.bool)
-        parent = self.parent.tolist()
+        parent = self.parent_list
         for i in range(1, n):  # parents precede children
             anc[i] |= anc[parent[i]]
         return anc
@@ -130,11 +144,11 @@ def tree_inputs(tree: DraftTree, pending: list[int], past: int, *, dtype: torch.
     row ``len(pending) - 1 + i`` of the forward is node i's.
     """
     n_pending = len(pending)
-    if n_pending < 1 or int(tree.tokens[0]) != int(pending[-1]):
+    if n_pending < 1 or tree.token_list[0] != int(pending[-1]):
         raise ValueError("the last pending token must be the root of the tree")
     n_nodes = tree.size - 1
     q = n_pending + n_nodes
-    ids = torch.tensor(list(pending) + tree.tokens[1:].tolist(), dtype=torch.int64, device=device)[None]  # [1, q]
+    ids = torch.tensor(list(pending) + tree.token_list[1:], dtype=torch.int64, device=device)[None]  # [1, q]
     depth = torch.tensor(tree.depth[1:], dtype=torch.int64)
     positions = torch.cat([past + torch.arange(n_pending), past + n_pending - 1 + depth])[None].to(device)  # [1, q]
     allowed = torch.zeros((q, past + q), dtype=torch.bool)  # [q, kv]

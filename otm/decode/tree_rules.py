@@ -45,9 +45,12 @@ rule's block given a tree is that same code.
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import torch
 
-from ..laws import OtmError
+from ..laws import OtmError, inverse_cdf
 from ..tree_verification import TraversalState, VerificationTree, traversal_law
 from ..tree_verification import block_law as _np_block_law
 
@@ -66,13 +69,153 @@ class TreeRule:
         raise NotImplementedError
 
 
+class _Rows:
+    """Rows ``[V]`` of an ``[N, V]`` float64 table made on first use (``rows[n]``, ``rows[[n1, n2]]``)."""
+
+    def __init__(self, V: int, row_of):
+        self.V, self.row_of, self.made = V, row_of, {}
+
+    def _row(self, node: int) -> np.ndarray:
+        if node not in self.made:
+            self.made[node] = self.row_of(node)
+        return self.made[node]
+
+    def __getitem__(self, index):
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return np.stack([self._row(int(n)) for n in index]) if len(index) else np.zeros((0, self.V))
+        return self._row(int(index))
+
+
+class HostLaws:
+    """One step's laws on the host, for a whole-tree rule whose arithmetic is numpy float64, read back in ONE
+    copy (``dec.read_array``: phase "laws"), and the rule's random decisions drawn on the host. On the CPU
+    (``dec.device_walk`` false: a read costs nothing there) each row is copied when the rule first asks for it,
+    and every decision is the door's own draw, as the rules always drew.
+
+    ``target[n]``: the target's law at node n; ``draft[n]``: the law node n's children were drawn from (zeros
+    at a node without children); float64 numpy ``[N, V]``. With a door that gives uniforms (the sampled run:
+    :meth:`otm.decode.chance.Chance.uniforms`) the same copy brings ``draws`` uniforms drawn on the device by
+    the door's generator, and :meth:`index` and :meth:`bonus` draw by inverse CDF on the host, one fresh
+    uniform each: the law of the door's own draw (``otm.torch.sample_iid`` is the same inverse CDF), with no
+    read; a rule that needs more than ``draws`` asks the door (one read each). Otherwise (the exact mode's door,
+    which enumerates the choices) both ask the door.
+    """
+
+    def __init__(self, dec, tree, drafts, target_laws: torch.Tensor, draws: int):
+        self.dec, self.tree, self.target_laws = dec, tree, target_laws
+        n, V = target_laws.shape
+        device = target_laws.device
+        if not getattr(dec, "device_walk", False):  # the CPU (or the exact mode): rows copied as the rule asks
+            def host(law):
+                return law.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+
+            self.target = _Rows(V, lambda node: host(target_laws[node]))
+            self.draft = _Rows(V, lambda node: host(dec.node_draft_law(tree, node, drafts)[0]) if tree.children[node]
+                               else np.zeros(V))
+            self.pool = None
+            dec.host_laws = self
+            return
+        q = torch.zeros((n, V), dtype=torch.float64, device=device)  # [N, V]
+        for node in range(n):
+            if tree.children[node]:
+                q[node] = dec.node_draft_law(tree, node, drafts)[0].to(device=device, dtype=torch.float64)
+        u = dec.chance.uniforms(draws, device) if getattr(dec, "device_walk", False) else None
+        parts = [target_laws.to(torch.float64).reshape(-1), q.reshape(-1)] + ([u] if u is not None else [])
+        flat = dec.read_array(torch.cat(parts), "laws")  # the step's one read of its laws
+        self.target = flat[: n * V].reshape(n, V)
+        self.draft = flat[n * V : 2 * n * V].reshape(n, V)
+        self.pool = None if u is None else list(flat[2 * n * V :])
+        dec.host_laws = self  # the step's host laws, for the shared emission (emit_block)
+
+    @contextlib.contextmanager
+    def on_host(self):
+        """Torch arithmetic on CPU tensors made from the host copies (``block_law``): no device is involved, so
+        the host-read count (:mod:`otm.decode.host_reads`) pauses."""
+        reads = getattr(self.dec, "reads", None)
+        if reads is None:
+            yield
+            return
+        reads.paused = True
+        try:
+            yield
+        finally:
+            reads.paused = False
+
+    def index(self, law) -> int:
+        """A draw from the finite law ``law [n]`` (numpy; need not be normalised)."""
+        law = np.asarray(law, dtype=np.float64)
+        if self.pool:
+            return inverse_cdf(law, float(self.pool.pop()))
+        return self.dec.chance.index(torch.from_numpy(np.ascontiguousarray(law)).to(self.target_laws.device)[None])
+
+    def bonus(self, node: int) -> int:
+        """The target's own draw at ``node`` (a leaf of the draft tree, or a node whose own law is emitted)."""
+        if self.pool:
+            return inverse_cdf(self.target[node], float(self.pool.pop()))
+        return self.dec.bonus(self.tree, node, self.target_laws)
+
+
 class LevelByLevel(TreeRule):
-    """SpecTr's level-by-level walk with a token-level verifier (one at the root, one below it)."""
+    """SpecTr's level-by-level walk with a token-level verifier (one at the root, one below it).
+
+    With a door that keeps decisions on the device (``dec.chance.device_walk``: the sampled run) the walk
+    is :meth:`device_walk`: every node with children is verified (one verifier call per verifier and
+    number of drafts), every leaf gets its bonus draw (one call), the accepted path is followed on the
+    device, and the step's outcome is read back once (``dec.read``: phase "accept"), so nothing in the
+    walk waits for the device. Each node's decision uses its own randomness and only the nodes of the
+    accepted path are used, so the output law is the node-by-node walk's (the decisions at nodes off the
+    path are drawn and dropped); ``tests/test_decoder_syncs.py`` checks it exactly with the exact mode's
+    door. Otherwise (the exact mode) the walk verifies node by node down the accepted path.
+    """
 
     def __init__(self, root_verifier, deep_verifier, name: str):
         self.root_verifier, self.deep_verifier, self.name = root_verifier, deep_verifier, name
 
+    def device_walk(self, dec, tree, drafts, target_laws):
+        """The walk with its decisions on the device and one read of the outcome (class docstring)."""
+        n, device = tree.size, target_laws.device
+        token = torch.zeros(n, dtype=torch.int64, device=device)  # [N]: the token each node would emit
+        groups: dict = {}  # (verifier's id, m) -> (verifier, the nodes with children it verifies with m drafts)
+        for node in range(n):
+            if tree.children[node]:
+                verify = self.root_verifier if tree.depth[node] == tree.delay else self.deep_verifier
+                groups.setdefault((id(verify), len(tree.rows_through[node])), (verify, []))[1].append(node)
+        for verify, nodes in groups.values():
+            q = torch.cat([dec.node_draft_law(tree, node, drafts) for node in nodes]).to(device)  # [B, V]
+            d = torch.stack([drafts.rows[tree.rows_through[node], tree.depth[node]] for node in nodes])  # [B, m]
+            token[nodes] = dec.chance.verify_batch(verify, target_laws[nodes], q, d.to(device))
+        leaves = [node for node in range(n) if not tree.children[node]]
+        token[leaves] = dec.chance.bonus_batch(target_laws[leaves])  # the target's own draw at each leaf
+        # next[node] = the child whose token is the node's token, else -1 (a correction token, or a leaf)
+        width = max(len(kids) for kids in tree.children)
+        kid_token = torch.full((n, max(width, 1)), -1, dtype=torch.int64)  # [N, C]: host tables, one copy each
+        kid_node = torch.zeros((n, max(width, 1)), dtype=torch.int64)
+        for node, kids in enumerate(tree.children):
+            kid_token[node, : len(kids)] = torch.tensor([tree.token_list[c] for c in kids], dtype=torch.int64)
+            kid_node[node, : len(kids)] = torch.tensor(kids, dtype=torch.int64)
+        match = kid_token.to(device) == token[:, None]  # [N, C]
+        found = match.any(-1)
+        first = match.to(torch.int64).argmax(-1, keepdim=True)  # [N, 1]: the first (only) matching child
+        nxt = torch.where(found, kid_node.to(device).gather(1, first)[:, 0], -1)  # [N]
+        walked = [torch.zeros(1, dtype=torch.int64, device=device)]  # node at each depth of the path, -1 past its end
+        for _ in range(max(tree.depth)):
+            here = walked[-1]  # [1] (a 0-dim index would be read back as a Python int)
+            walked.append(torch.where(here >= 0, nxt.index_select(0, here.clamp(min=0)), -1))
+        walked = torch.cat(walked)  # [D + 1]
+        out = dec.read(torch.cat([walked, token[walked.clamp(min=0)]]))  # the step's one read
+        depth = len(walked)
+        accepted = sum(1 for v in out[1:depth] if v >= 0)
+        path, emitted = out[1 : accepted + 1], out[depth : depth + accepted + 1]
+        for node in [0] + path:
+            if tree.children[node]:
+                dec.stats.verified_by_depth[tree.depth[node]] += 1
+        for node in ([0] + path)[:-1]:  # the nodes whose emitted token was a child
+            dec.stats.accepted_by_depth[tree.depth[node]] += 1
+        return emitted, path
+
     def walk(self, dec, tree, drafts, target_laws):
+        if getattr(dec, "device_walk", False):
+            return self.device_walk(dec, tree, drafts, target_laws)
         node, emitted, path = 0, [], []
         while True:
             kids = tree.children[node]
@@ -88,7 +231,7 @@ class LevelByLevel(TreeRule):
             y = dec.chance.verify(verify, p_node, q_node, tokens)
             emitted.append(y)
             dec.stats.verified_by_depth[depth] += 1
-            child = next((c for c in kids if int(tree.tokens[c]) == y), None)
+            child = next((c for c in kids if tree.token_list[c] == y), None)
             if child is None:  # y is the correction token
                 return emitted, path
             dec.stats.accepted_by_depth[depth] += 1
@@ -146,15 +289,20 @@ def emit_block(dec, tree, nodes: list[int], tau: int, residuals, target_laws, na
         dec.stats.verified_by_depth[depth] += 1
     for depth in range(tau):
         dec.stats.accepted_by_depth[depth] += 1
-    emitted = [int(tree.tokens[n]) for n in nodes[1 : tau + 1]]
+    host = getattr(dec, "host_laws", None)  # the step's HostLaws, if the rule made one
+    host = host if host is not None and host.tree is tree else None
+    emitted = [tree.token_list[n] for n in nodes[1 : tau + 1]]
     if tau == gamma:
-        emitted.append(dec.bonus(tree, nodes[-1], target_laws))
+        emitted.append(host.bonus(nodes[-1]) if host is not None else dec.bonus(tree, nodes[-1], target_laws))
     else:
         row = residuals[tau]
-        row = row if isinstance(row, torch.Tensor) else torch.from_numpy(row)
-        if not bool(row.sum() > 0):
+        if isinstance(row, torch.Tensor):
+            with host.on_host() if host is not None else contextlib.nullcontext():
+                row = row.detach().to(device="cpu", dtype=torch.float64).numpy()
+        if not row.sum() > 0:
             raise OtmError(f"{name} drew tau = {tau} whose residual has no mass: report this law")
-        emitted.append(dec.chance.index(row.to(target_laws.device)[None]))
+        emitted.append(host.index(row) if host is not None else
+                       dec.chance.index(torch.from_numpy(row).to(target_laws.device)[None]))
     return emitted, nodes[1 : tau + 1]
 
 
@@ -167,10 +315,13 @@ class Block(TreeRule):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
         nodes = single_chain(tree, "block verification")
-        chain = torch.tensor([int(tree.tokens[n]) for n in nodes[1:]], device=target_laws.device)  # [gamma]
-        q = torch.cat([dec.node_draft_law(tree, n, drafts).to(target_laws.device) for n in nodes[:-1]])  # [gamma, V]
-        tau_law, residuals = block_law(target_laws[nodes], q, chain)
-        tau = dec.chance.index(tau_law[None])
+        host = HostLaws(dec, tree, drafts, target_laws, draws=2)  # one read of the laws; tau and the last token
+        chain = torch.tensor([tree.token_list[n] for n in nodes[1:]], dtype=torch.int64)  # [gamma]
+        with host.on_host():  # block_law on CPU tensors made from the host copies
+            tau_law, residuals = block_law(torch.from_numpy(host.target[nodes]), torch.from_numpy(host.draft[nodes[:-1]]),
+                                           chain)
+            tau_law = tau_law.numpy()
+        tau = host.index(tau_law)
         return emit_block(dec, tree, nodes, tau, residuals, target_laws, "block verification")
 
 
@@ -233,13 +384,9 @@ class Traversal(TreeRule):
 
     def walk(self, dec, tree, drafts, target_laws):
         vt = VerificationTree.from_tree(tree)
-        device = target_laws.device
-
-        def host(law):
-            return law.detach().to(device="cpu", dtype=torch.float64).numpy()
-
+        host = HostLaws(dec, tree, drafts, target_laws, draws=2 * tree.node_of.numel() + 2)  # >= one per leaf test, one more
         state = TraversalState(  # the arithmetic, float64 numpy (otm.tree_verification)
-            vt, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)[0]),
+            vt, lambda n: host.target[n].copy(), lambda n: host.draft[n].copy(),
             root_without_replacement=dec.scheme == "without_replacement",
         )
         while True:
@@ -247,8 +394,7 @@ class Traversal(TreeRule):
             if v == 0:
                 break  # every branch was rejected: the root's (residual) law
             w = state.w[v]
-            if w >= 1.0 or (w > 0.0 and dec.chance.index(
-                    torch.tensor([[1.0 - w, w]], dtype=torch.float64, device=device)) == 1):
+            if w >= 1.0 or (w > 0.0 and host.index(np.array([1.0 - w, w])) == 1):
                 break
             state.reject(v)
         path = [vt.node[a] for a in vt.path(v)]
@@ -257,13 +403,13 @@ class Traversal(TreeRule):
             dec.stats.verified_by_depth[d] += 1
         for d in range(depth):
             dec.stats.accepted_by_depth[d] += 1
-        emitted = [int(tree.tokens[n]) for n in path]
+        emitted = [tree.token_list[n] for n in path]
         if state.touched[v]:
-            emitted.append(dec.chance.index(torch.from_numpy(state.p[v]).to(device)[None]))
+            emitted.append(host.index(state.p[v]))
         else:  # a leaf of the draft tree, a duplicate, or the root with its own law: the target's draw
-            emitted.append(dec.bonus(tree, vt.node[v], target_laws))
+            emitted.append(host.bonus(vt.node[v]))
         return emitted, path
 
 
-__all__ = ["emit_block", "single_chain", "Block", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
+__all__ = ["emit_block", "single_chain", "Block", "HostLaws", "LevelByLevel", "Traversal", "TraversalState", "TreeRule", "VerificationTree",
            "block_law", "traversal_law"]

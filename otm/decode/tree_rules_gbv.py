@@ -14,10 +14,8 @@ decoder's door of chance, so the exact mode enumerates it.
 
 from __future__ import annotations
 
-import torch
-
 from ..tree_verifiers.gbv import gbv_decision
-from .tree_rules import TreeRule, emit_block
+from .tree_rules import HostLaws, TreeRule, emit_block
 
 
 class GBV(TreeRule):
@@ -28,15 +26,10 @@ class GBV(TreeRule):
     def walk(self, dec, tree, drafts, target_laws):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
-        device = target_laws.device
-
-        def host(law):
-            return law.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
-
+        host = HostLaws(dec, tree, drafts, target_laws, draws=2)  # one read of the laws; tau and the last token
         K = int(tree.node_of.shape[0])  # the step's rows (on a delayed tree they branch at the shared path's end)
-        path, tau_law, residuals = gbv_decision(
-            tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)), K)
-        tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
+        path, tau_law, residuals = gbv_decision(tree, lambda n: host.target[n].copy(), lambda n: host.draft[n].copy(), K)
+        tau = host.index(tau_law)
         return emit_block(dec, tree, path.nodes, tau, residuals, target_laws, "GBV")
 
 

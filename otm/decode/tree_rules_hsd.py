@@ -25,15 +25,12 @@ independent coins), then the token after it, both through the door of chance, as
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..laws import OtmError
 from ..tree_verifiers.hsd import hsd_code_law, hsd_law
-from .tree_rules import TreeRule, emit_block, single_chain
-
-
-def _host(x: torch.Tensor):
-    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+from .tree_rules import HostLaws, TreeRule, emit_block, single_chain
 
 
 class _ChainRule(TreeRule):
@@ -47,10 +44,10 @@ class _ChainRule(TreeRule):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
         nodes = single_chain(tree, self.name)
-        chain = torch.tensor([int(tree.tokens[n]) for n in nodes[1:]])  # [gamma]
-        q = torch.cat([dec.node_draft_law(tree, n, drafts) for n in nodes[:-1]])  # [gamma, V]
-        tau_law, residuals, unusable = self.law(_host(target_laws[nodes]), _host(q), chain.numpy())
-        tau = dec.chance.index(torch.from_numpy(tau_law).to(target_laws.device)[None])
+        host = HostLaws(dec, tree, drafts, target_laws, draws=2)  # one read of the laws; tau and the last token
+        chain = np.array([tree.token_list[n] for n in nodes[1:]], dtype=np.int64)  # [gamma]
+        tau_law, residuals, unusable = self.law(host.target[nodes], host.draft[nodes[:-1]], chain)
+        tau = host.index(tau_law)
         if tau < len(nodes) - 1 and unusable[tau]:
             raise OtmError(f"{self.name}: the public code would draw the token after level {tau} from a NaN law "
                            "(its branch laws agree there exactly): torch.multinomial fails on it")

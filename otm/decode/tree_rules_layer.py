@@ -13,11 +13,9 @@ names, for ``without_replacement``).
 
 from __future__ import annotations
 
-import torch
-
 from ..laws import OtmError
 from ..tree_verifiers.layer import layer_plan, step_laws
-from .tree_rules import TreeRule
+from .tree_rules import HostLaws, TreeRule
 
 
 class Layer(TreeRule):
@@ -45,24 +43,20 @@ class Layer(TreeRule):
         if not tree.children[0]:  # no drafts this step: the target's own draw
             return [dec.bonus(tree, 0, target_laws)], []
         root_law, deep_law, _ = self.laws(dec.scheme)
-        device = target_laws.device
-
-        def host(law):
-            return law.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-        plan = layer_plan(tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)[0]),
+        host = HostLaws(dec, tree, drafts, target_laws, draws=max(tree.depth) + 2)  # one per layer, one more
+        plan = layer_plan(tree, lambda n: host.target[n].copy(), lambda n: host.draft[n].copy(),
                           root_law, deep_law, self._memo)
         node, path, emitted = 0, [], []
         while plan.kids[node]:  # one choice per layer: a child to go on with, or stop here
-            move = dec.chance.index(torch.from_numpy(plan.decision(node)).to(device)[None])
+            move = host.index(plan.decision(node))
             if move == len(plan.kids[node]):
-                emitted.append(dec.chance.index(torch.from_numpy(plan.correction(node)).to(device)[None]))
+                emitted.append(host.index(plan.correction(node)))
                 break
             node = plan.kids[node][move]
             path.append(node)
-            emitted.append(int(tree.tokens[node]))
+            emitted.append(tree.token_list[node])
         else:  # a leaf: the target's own draw
-            emitted.append(dec.bonus(tree, node, target_laws))
+            emitted.append(host.bonus(node))
         depth = len(path)
         for d in range(min(depth + 1, len(dec.stats.verified_by_depth))):
             dec.stats.verified_by_depth[d] += 1

@@ -18,10 +18,8 @@ by the decoder's exact mode on toy LMs (``tests/test_tree_rules_spectr_gbv.py``,
 
 from __future__ import annotations
 
-import torch
-
 from ..tree_verifiers.spectr_gbv import SpectrGbvState
-from .tree_rules import TreeRule
+from .tree_rules import HostLaws, TreeRule
 
 
 class SpectrGbv(TreeRule):
@@ -30,12 +28,8 @@ class SpectrGbv(TreeRule):
     name = "spectr_gbv"
 
     def walk(self, dec, tree, drafts, target_laws):
-        device = target_laws.device
-
-        def host(law):
-            return law.detach().to(device="cpu", dtype=torch.float64).numpy()
-
-        state = SpectrGbvState(tree, lambda n: host(target_laws[n]), lambda n: host(dec.node_draft_law(tree, n, drafts)[0]),
+        host = HostLaws(dec, tree, drafts, target_laws, draws=int(tree.node_of.shape[0]) + 2)  # one per row, one more
+        state = SpectrGbvState(tree, lambda n: host.target[n].copy(), lambda n: host.draft[n].copy(),
                                root_without_replacement=dec.scheme == "without_replacement")
         L, shared = state.L, state.shared
         depths = len(dec.stats.verified_by_depth)
@@ -48,7 +42,7 @@ class SpectrGbv(TreeRule):
 
         for j, nodes in enumerate(state.rows):
             tau_law, emit = state.block(j)
-            tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None])
+            tau = host.index(tau_law)
             if tau == 0:  # the whole block is rejected: the branching node takes its residual, next row
                 state.reject(j)
                 continue
@@ -56,20 +50,20 @@ class SpectrGbv(TreeRule):
             path = shared + nodes[:tau]
             emitted = [state.tokens[n] for n in path]
             if tau == L:
-                emitted.append(dec.bonus(tree, path[-1], target_laws))
+                emitted.append(host.bonus(path[-1]))
             else:
-                emitted.append(dec.chance.index(torch.from_numpy(emit[tau]).to(device)[None]))
+                emitted.append(host.index(emit[tau]))
             return emitted, path
         # every row rejected: the branching node, else a node of the shared path above it (a delayed tree)
         tau_law, emit = state.shared_block()
-        tau = dec.chance.index(torch.from_numpy(tau_law).to(device)[None]) if state.delay else 0
+        tau = host.index(tau_law) if state.delay else 0
         count(tau)
         path = shared[:tau]
         emitted = [state.tokens[n] for n in path]
         if emit[tau] is None:  # untouched: the target's own draw there
-            emitted.append(dec.bonus(tree, path[-1] if path else 0, target_laws))
+            emitted.append(host.bonus(path[-1] if path else 0))
         else:
-            emitted.append(dec.chance.index(torch.from_numpy(emit[tau]).to(device)[None]))
+            emitted.append(host.index(emit[tau]))
         return emitted, path
 
 __all__ = ["SpectrGbv"]

@@ -49,13 +49,12 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
-import torch
 
 from ..analysis.tree_optimum import MAX_TREES, MAX_VARIABLES, TreePlan, solve_tree_plan
 from ..laws import OtmError
 from .sampling import Sampling
 from .toy import model_law
-from .tree_rules import TreeRule
+from .tree_rules import HostLaws, TreeRule
 
 LAW_TOLERANCE = 1e-12
 """Largest difference allowed between the decoder's laws on the tree and the laws the LP is built from."""
@@ -157,15 +156,15 @@ class TreeLP(TreeRule):
     def check_laws(self, dec, tree, drafts, target_laws, context: tuple, prefixes: list[tuple]) -> None:
         """Refuse (one line) a step whose laws on the tree are not the laws after ``context`` (the plan's source)."""
         target, draft = self.laws(context)
-        host = target_laws.detach().to(device="cpu", dtype=torch.float64).numpy()  # [N, V]
+        host = getattr(dec, "host_laws", None)  # the step's laws read back in one copy (HostLaws), else read here
+        host = host if host is not None and host.tree is tree else HostLaws(dec, tree, drafts, target_laws, draws=0)
         for node, prefix in enumerate(prefixes):
-            gap = float(np.abs(host[node] - target(prefix)).max())
+            gap = float(np.abs(host.target[node] - target(prefix)).max())
             if gap > self.law_tolerance:
                 raise OtmError(f"the decoder's target law at node {node} differs from TreeLP's by {gap:.3g}: build "
                                "TreeLP with the decoder's target, draft and sampling")
             if tree.children[node]:
-                q = dec.node_draft_law(tree, node, drafts)[0].detach().to(device="cpu", dtype=torch.float64).numpy()
-                gap = float(np.abs(q - draft(prefix)).max())
+                gap = float(np.abs(host.draft[node] - draft(prefix)).max())
                 if gap > self.law_tolerance:
                     raise OtmError(f"the decoder's draft law at node {node} differs from TreeLP's by {gap:.3g}: build "
                                    "TreeLP with the decoder's target, draft and sampling")
@@ -192,9 +191,10 @@ class TreeLP(TreeRule):
         if delay >= L:  # a delayed step cut to its shared path near max_new_tokens: one chain, one draw per node
             k, delay = 1, 0
         plan, source = self.plan(context, k, L, dec.scheme if k > 1 else "iid", delay)
+        host = HostLaws(dec, tree, drafts, target_laws, draws=1)  # one read of the laws and of the uniform
         self.check_laws(dec, tree, drafts, target_laws, source, prefixes)
         blocks, weights = self.conditional(plan, self.node_set(tree, prefixes))
-        i = dec.chance.index(torch.from_numpy(np.asarray(weights, dtype=np.float64)).to(target_laws.device)[None])
+        i = host.index(np.asarray(weights, dtype=np.float64))
         block = blocks[i]
         node_of = {prefix: node for node, prefix in enumerate(prefixes)}
         path = [node_of[block[:d]] for d in range(1, len(block))]  # b_1..b_{m-1}: a path of the tree
