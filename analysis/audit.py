@@ -17,8 +17,18 @@ import time
 import numpy as np
 
 from otm.certify import certify
+from otm.certify import engines
 from otm.certify.engines import ENGINE_RULES
 from otm.certify.report import law_text
+
+
+def _code(rule) -> str:
+    """Real code (the engine's function, imported from the installed package) or our rewrite of it."""
+    if rule.sample is engines.transformers_sample:  # calls transformers' own _speculative_sampling
+        import transformers
+
+        return f"real code, transformers {'.'.join(transformers.__version__.split('.')[:2])}"
+    return "rewrite"
 
 
 def main() -> None:
@@ -38,7 +48,7 @@ def main() -> None:
             worst = exact.worst
             boundary = any("exactly 0.0" in c.reason for c in sampled.cases)
             rows.append(
-                f"| `{rule.name}` | {rule.engine} | {scheme}, k = {k} | {'exact' if exact.certified else 'NOT exact'} "
+                f"| `{rule.name}` | {rule.engine} | {_code(rule)} | {scheme}, k = {k} | {'exact' if exact.certified else 'NOT exact'} "
                 f"| {worst.law_error:.2g} / {worst.tv:.2g} | {sampled.verdict}{' (boundary u = 0)' if boundary else ''} "
                 f"| {min(ratios):.3f} | {'yes' if exact.certified == expected else 'NO'} | {time.perf_counter() - t0:.0f} s |"
             )
@@ -57,8 +67,9 @@ def main() -> None:
                 details.append(f"- `{rule.name}`, {scheme}, k = {k}: boundary: {case.reason.split('; ')[-1]} "
                                f"(case {case.name}). Reproduce: `{command}`")
             print(rows[-1], flush=True)
-    print("\n| rule | engine | drafts | exact law | worst law error / TV | sampler | min acceptance / alpha* | as expected | time |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| rule | engine | code | drafts | exact law | worst law error / TV | sampler | min acceptance / alpha* | "
+          "as expected | time |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()
     print("\n".join(details))

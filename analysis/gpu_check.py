@@ -16,7 +16,12 @@ and a figure (``verify_us.png`` / ``.svg``):
 (c) **the decoder** on a random-weight Llama pair built on the device (a target of about 1.2B parameters
     with V = 128256; as drafts a 2-layer model and the target itself, whose acceptance of 1 is the
     machinery's ceiling): tokens per second of autoregressive and speculative decoding, the step split
-    into target, draft and verify seconds, and host reads (device syncs) per step.
+    into target, draft and verify seconds, and host reads (device syncs) per step;
+(d) **the engines' CUDA kernels in their own layouts**, where their wheels import on the CUDA device:
+    SGLang's ``tree_speculative_sampling_target_only`` (``sgl_kernel``) by ``otm.certify.tree_kernels.certify_tree``
+    (layout ``sglang``, top-k drafting, thresholds 1) and FlashInfer's ``chain_speculative_sampling`` by
+    ``otm.certify.chain.certify_chain`` (layout ``flashinfer``); otherwise the row says "not run: needs CUDA" or
+    "not installed". The quick check certifies our CPU rewrite of SGLang's kernel in the same code path.
 
 ``--quick`` runs the same code on the CPU with small sizes (make test runs it, so it cannot rot).
 """
@@ -199,6 +204,7 @@ def decoder_runs(device, quick: bool, new_tokens: int, step: str = "none") -> di
     (``static``: eager kernels, what the quick check runs so the path cannot rot; a torch.compile mode, e.g.
     ``reduce-overhead`` for CUDA graphs)."""
     from otm.decode import autoregressive_decode, speculative_decode
+    from otm.decode.host_reads import device_paths
     from otm.decode.steps import compile_options
 
     if quick:
@@ -216,7 +222,8 @@ def decoder_runs(device, quick: bool, new_tokens: int, step: str = "none") -> di
     def record(name, run):
         g = run(False)
         s = g.stats
-        counted = run(True).stats
+        with device_paths():  # the device's paths even on the CPU (the quick check): what a GPU syncs on
+            counted = run(True).stats
         runs.append({"contender": name, "tokens": s.new_tokens, "target_calls": s.target_calls,
                      "block_efficiency": s.block_efficiency, "seconds": s.wall_seconds,
                      "tokens_per_second": s.new_tokens / s.wall_seconds, "target_s": s.target_seconds,
@@ -249,6 +256,100 @@ def decoder_runs(device, quick: bool, new_tokens: int, step: str = "none") -> di
         r["speedup"] = r["tokens_per_second"] / ar
     return {"target_parameters": params, "V": shape["V"], "dtype": str(next(target.parameters()).dtype),
             "new_tokens": new_tokens, "runs": runs}
+
+
+# (d) ---------------------------------------------------------------------------------------------------------
+
+
+def _sglang_on_cuda(kernel):
+    """SGLang's kernel called on the CUDA device from the tree harness's CPU arrays; outputs copied back."""
+    import inspect
+
+    try:
+        takes_draft = "draft_probs" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        takes_draft = True
+
+    def call(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs):
+        args = [x.cuda() for x in (predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                   retrive_next_token, retrive_next_sibling, uniform_samples,
+                                   uniform_samples_for_final_sampling, target_probs)]
+        kernel(*args, *([draft_probs.cuda()] if takes_draft else []))  # positional: the keyword names changed
+        for cpu, dev in zip((predicts, accept_index, accept_token_num), args[:3]):
+            cpu.copy_(dev.cpu())
+
+    call.__name__ = "sgl_kernel.tree_speculative_sampling_target_only"
+    return call
+
+
+def _flashinfer_on_cuda(kernel, seed: int):
+    """FlashInfer's chain kernel on the CUDA device from the chain harness's CPU tensors (its own CUDA generator)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def call(draft_probs, draft_token_ids, target_probs, generator=None):
+        out = kernel(draft_probs.cuda(), draft_token_ids.to(torch.int32).cuda(), target_probs.cuda(), generator=gen)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.cpu()
+
+    call.__name__ = "flashinfer.sampling.chain_speculative_sampling"
+    return call
+
+
+def _report_row(engine, kernel, how, report) -> dict:
+    worst = report.worst
+    return {"engine": engine, "kernel": kernel, "how": how, "verdict": report.verdict, "method": report.method,
+            "command": report.command, "seconds": report.seconds, "notes": list(report.notes),
+            "worst": None if worst is None else {"case": worst.name, "pvalue": worst.pvalue, "tv": worst.tv,
+                                                 "reason": worst.reason}}
+
+
+def engine_kernels(device, quick: bool) -> list[dict]:
+    """(d): the engines' CUDA kernels certified in their layouts where they import on a CUDA device."""
+    from otm.certify.tree_kernels import certify_tree, sglang_target_only
+
+    rows = []
+    cuda = device.type == "cuda"
+    tv = 0.3 if quick else 0.15  # the real kernels: a few minutes of device time together
+    try:
+        from sgl_kernel import tree_speculative_sampling_target_only as sglang
+    except Exception as exc:  # noqa: BLE001 - any import failure (missing wheel, ABI) is reported, not raised
+        sglang, why = None, f"not installed ({type(exc).__name__})"
+    if sglang is not None and not cuda:
+        why = "not run: needs CUDA"
+    if sglang is not None and cuda:
+        for k, L in ((2, 2), (4, 3)):
+            kernel = f"tree_speculative_sampling_target_only k={k} L={L}"
+            try:
+                rep = certify_tree(_sglang_on_cuda(sglang), layout="sglang", k=k, length=L, tv=tv, scheme="top_k")
+                rows.append(_report_row("SGLang", kernel, "real code", rep))
+            except Exception as exc:  # noqa: BLE001 - the rest of the check still runs; the row says why
+                rows.append({"engine": "SGLang", "kernel": kernel, "how": "real code",
+                             "verdict": f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+    else:
+        rows.append({"engine": "SGLang", "kernel": "tree_speculative_sampling_target_only", "how": why,
+                     "verdict": why})
+        rep = certify_tree(sglang_target_only, layout="sglang", k=2, length=2, tv=0.3, scheme="top_k")
+        rows.append(_report_row("SGLang", "tree_speculative_sampling_target_only k=2 L=2",
+                                "rewrite (otm.certify.tree_kernels, CPU)", rep))
+    try:
+        from flashinfer.sampling import chain_speculative_sampling as chain
+    except Exception as exc:  # noqa: BLE001
+        chain, why = None, f"not installed ({type(exc).__name__})"
+    if chain is not None and not cuda:
+        chain, why = None, "not run: needs CUDA"
+    if chain is not None:
+        from otm.certify.chain import certify_chain
+
+        try:
+            rep = certify_chain(_flashinfer_on_cuda(chain, 0), layout="flashinfer", length=2, tv=tv)
+            rows.append(_report_row("FlashInfer", "chain_speculative_sampling L=2", "real code", rep))
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"engine": "FlashInfer", "kernel": "chain_speculative_sampling L=2", "how": "real code",
+                         "verdict": f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+    else:
+        rows.append({"engine": "FlashInfer", "kernel": "chain_speculative_sampling", "how": why, "verdict": why})
+    return rows
 
 
 # report ------------------------------------------------------------------------------------------------------
@@ -302,6 +403,13 @@ def _markdown(report: dict) -> str:
         reads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["host_reads_per_step"].items()))
         lines.append(f"| {r['contender']} | {r['block_efficiency']:.2f} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f} | {r['target_s']:.2f} | {r['draft_s']:.2f} | {r['verify_s']:.2f} | {reads} |")
+    lines += ["", "## (d) the engines' kernels in their own layouts", "",
+              "| engine | kernel | how | verdict | worst case | notes |", "|---|---|---|---|---|---|"]
+    for r in report.get("engines", []):
+        w = r.get("worst") or {}
+        worst = f"{w.get('case')}: p = {w.get('pvalue') or 0:.3g}, empirical TV {w.get('tv') or 0:.3g}" if w else "-"
+        notes = "; ".join(r.get("notes") or []) or "-"
+        lines.append(f"| {r['engine']} | {r['kernel']} | {r['how']} | {r['verdict']} | {worst} | {notes} |")
     return "\n".join(lines) + "\n"
 
 
@@ -333,17 +441,20 @@ def main(argv=None) -> int:
     print("(c) decoder ...", flush=True)
     step = args.compile or ("static" if args.quick else "none")
     dec = decoder_runs(device, args.quick, 16 if args.quick else 128, step)
+    print("(d) engines' kernels ...", flush=True)
+    engines = engine_kernels(device, args.quick)
     import transformers
 
     report = {"mode": "quick (CPU)" if args.quick else "full", "device": name, "torch": torch.__version__,
               "transformers": transformers.__version__, "python": platform.python_version(),
               "command": "python analysis/gpu_check.py" + (" --quick" if args.quick else ""),
-              "laws": laws, "timings": tim, "decoder": dec, "seconds": time.perf_counter() - t0}
+              "laws": laws, "timings": tim, "decoder": dec, "engines": engines, "seconds": time.perf_counter() - t0}
     cond = f"{name}; torch {torch.__version__}; median per call; {report['command']}"
     report["figures"] = [str(p.name) for p in _figure(tim, args.out / "verify_us", cond)]
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=float))
     (args.out / "gpu_check.md").write_text(_markdown(report))
-    bad = [r["verifier"] for r in laws if not r["ok"]]
+    bad = [r["verifier"] for r in laws if not r["ok"]]  # a real engine kernel refuted is a finding, reported in (d)
+    bad += [r["kernel"] for r in engines if r["how"].startswith("rewrite") and r["verdict"] == "refuted"]
     print(_markdown(report))
     if bad:
         print(f"gpu-check: law check failed for {', '.join(bad)}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
     otm acceptance --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 -k 2 --scheme iid [--json]
     otm certify MODULE:FUNCTION --kind law|sampler|torch|decoder --scheme iid -k 2 [--tv 0.01] [--json]
+    otm certify transformers|MODULE:FUNCTION --kind chain --layout transformers|vllm|flashinfer --length 2
     otm demo [--no-decode]
     otm decode | bench-decode | profile ...   (otm/decode/cli.py; otm[decode])
 
@@ -202,9 +203,53 @@ def _laws_arg(text: str, name: str) -> np.ndarray:
     return parse_law(text, name)[None]
 
 
+def _cmd_certify_kernel(args) -> int:
+    """``--kind chain`` / ``--kind tree``: an engine's kernel in its own layout (issue 29)."""
+    from .certify import load_rule
+
+    if args.target is not None or args.draft is not None or args.delay is not None:
+        raise OtmError(f"--target, --draft and --delay do not apply to --kind {args.kind}")
+    length = 2 if args.length is None else args.length
+    tv = 0.05 if args.tv is None else args.tv
+    if args.kind == "chain":
+        from .certify.chain import LAYOUTS, builtin_kernel, certify_chain
+
+        if args.layout is not None and args.layout not in LAYOUTS:
+            raise OtmError(f"unknown chain layout {args.layout!r}: --layout takes one of {', '.join(LAYOUTS)}")
+        if ":" in args.rule:
+            kernel, layout = load_rule(args.rule), args.layout
+            if layout is None:
+                raise OtmError(f"--kind chain needs --layout ({', '.join(LAYOUTS)}) for MODULE:FUNCTION")
+        else:
+            kernel, layout = builtin_kernel(args.rule)
+            if args.layout is not None and args.layout != layout:
+                raise OtmError(f"the built-in chain kernel {args.rule!r} is in the {layout} layout: "
+                               f"give --layout {layout}")
+        report = certify_chain(kernel, layout=layout, length=length, tv=tv, alpha=args.alpha, seed=args.seed,
+                               name=args.rule)
+    else:
+        try:
+            from .certify.tree_kernels import LAYOUTS as TREE_LAYOUTS, certify_tree
+        except ImportError:
+            raise OtmError("--kind tree needs otm.certify.tree_kernels, which this installation lacks") from None
+        layout = args.layout or "generic"
+        if layout not in TREE_LAYOUTS:
+            raise OtmError(f"unknown tree layout {layout!r}: --layout takes one of {', '.join(TREE_LAYOUTS)}")
+        kernel = load_rule(args.rule) if ":" in args.rule else args.rule
+        scheme = "top_k" if args.scheme == "top" else args.scheme
+        report = certify_tree(kernel, layout=layout, k=args.k, length=length, tv=tv, alpha=args.alpha,
+                              seed=args.seed, scheme=scheme)
+    print(report.to_json() if args.json else str(report))
+    return report.exit_code
+
+
 def _cmd_certify(args) -> int:
     from .certify import certify, load_rule
 
+    if args.kind in ("chain", "tree"):
+        return _cmd_certify_kernel(args)
+    if args.layout is not None:
+        raise OtmError("--layout applies to --kind chain and --kind tree only")
     if args.kind == "decoder" and ":" not in args.rule:  # a decoder rule by name: otm certify traversal --kind decoder
         from .decode.decoder import VERIFIERS
 
@@ -365,16 +410,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Certify a verifier given as MODULE:FUNCTION (an importable module or a path to a .py file). "
                     "Exit status 0: certified; 1: refuted; 2: bad input.",
     )
-    cert.add_argument("rule", help="MODULE:FUNCTION, e.g. otm.verifiers.kseq:law or my_rule.py:sample")
-    cert.add_argument("--kind", required=True, choices=["law", "sampler", "torch", "decoder"],
+    cert.add_argument("rule", help="MODULE:FUNCTION, e.g. otm.verifiers.kseq:law or my_rule.py:sample; or a built-in "
+                                   "name (decoder rules; chain: transformers, vllm; tree: sglang, rrs)")
+    cert.add_argument("--kind", required=True, choices=["law", "sampler", "torch", "decoder", "chain", "tree"],
                       help="law: law(target, draft, drafts) -> [V]; sampler: sample(target, draft, drafts, rng) -> "
                            "token; torch: batched, signature of otm.torch verifiers; decoder: a torch verifier run "
-                           "inside speculative_decode on toy models")
+                           "inside speculative_decode on toy models; chain / tree: an engine's kernel in its own "
+                           "layout (--layout; chain built-ins: transformers, vllm)")
+    cert.add_argument("--layout", default=None,
+                      help="chain: transformers | vllm | flashinfer; tree: generic | sglang (default generic)")
     cert.add_argument("--scheme", default="iid", choices=["iid", "without_replacement", "greedy", "spechub", "top"],
                       help="how the k drafts are drawn (default iid)")
     cert.add_argument("-k", type=int, default=2, help="drafts per position (default 2)")
     cert.add_argument("--tv", type=float, default=None,
-                      help="statistical kinds: total variation detected with power >= 0.99 (default 0.01; decoder 0.05)")
+                      help="statistical kinds: total variation detected with power >= 0.99 "
+                           "(default 0.01; decoder, chain, tree 0.05)")
     cert.add_argument("--alpha", type=float, default=1e-3,
                       help="statistical kinds: chance of refuting a valid rule (default 0.001)")
     cert.add_argument("--seed", type=int, default=0, help="seed of the draws and of the search (default 0)")
@@ -382,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="law kind: random pairs the hypothesis search tries after the fixed bank (default 300)")
     cert.add_argument("--target", help="check this one target law (comma-separated) instead of the bank")
     cert.add_argument("--draft", help="the draft law of that one case")
-    cert.add_argument("--length", type=int, default=None, help="decoder kind: draft depth L")
+    cert.add_argument("--length", type=int, default=None,
+                      help="decoder, chain and tree kinds: draft depth L (default 2)")
     cert.add_argument("--delay", type=int, default=None,
                       help="decoder kind: a delayed tree, one shared path of this many tokens before the k rows branch")
     cert.add_argument("--json", action="store_true", help="print one JSON object")

@@ -75,7 +75,7 @@ THIRD_PARTY_ABOVE = {"core": {"torch", "transformers"}, "torch": {"transformers"
 
 # certify's decoder modules certify the decoder, so they sit on it; the core reaches them only
 # inside functions (otm.certify.rules.certify with kind="decoder")
-ABOVE_THE_DECODER = {("certify", "decoder.py"), ("certify", "decoder_mutants.py")}
+ABOVE_THE_DECODER = {("certify", "decoder.py"), ("certify", "decoder_mutants.py"), ("certify", "tree_kernels.py")}
 
 
 def _layer(path: Path, package: Path = PACKAGE) -> str:

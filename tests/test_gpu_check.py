@@ -29,12 +29,20 @@ def test_quick_mode_writes_its_report_and_the_planted_bug_is_rejected(gpu_check,
     runs = {r["contender"]: r for r in report["decoder"]["runs"]}
     assert runs["autoregressive"]["block_efficiency"] == 1.0
     ceiling = runs["speculative k=1 L=4, the target as its own draft"]
-    assert ceiling["block_efficiency"] > 3.0 and ceiling["host_reads_per_step"]["verify"] > 0
+    assert ceiling["block_efficiency"] > 3.0 and ceiling["host_reads_per_step"]["accept"] == 1.0
+    assert "verify" not in ceiling["host_reads_per_step"]  # the walk reads nothing back (tests/test_decoder_syncs.py)
     static = runs["kseq k=4 L=2, 2-layer draft, static step"]  # the static-shape step's rows (quick: eager kernels)
     assert static["tokens"] == runs["kseq k=4 L=2, 2-layer draft"]["tokens"] and runs["autoregressive, static step"]
     for name in ("gpu_check.md", "verify_us.png", "verify_us.svg"):
         assert (tmp_path / name).stat().st_size > 0
     assert "## (c) the decoder" in (tmp_path / "gpu_check.md").read_text()
+    engines = {(r["engine"], r["how"]): r for r in report["engines"]}  # (d): the engines' kernels in their layouts
+    rewrite = engines["SGLang", "rewrite (otm.certify.tree_kernels, CPU)"]
+    assert rewrite["verdict"] == "certified" and "--scheme top " in rewrite["command"]
+    for engine in ("SGLang", "FlashInfer"):  # no CUDA kernel runs on the CPU: each says why
+        real = [r for (e, how), r in engines.items() if e == engine and not how.startswith("rewrite")]
+        assert len(real) == 1 and real[0]["verdict"] in ("not run: needs CUDA", "not installed (ModuleNotFoundError)")
+    assert "## (d) the engines' kernels" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_full_mode_without_a_gpu_says_so_in_one_line(gpu_check, tmp_path, capsys):

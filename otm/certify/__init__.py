@@ -11,6 +11,7 @@ kind         the rule                                                  certified
 ``sampler``  ``sample(target, draft, drafts, rng) -> token`` (numpy)   calibrated chi-square
 ``torch``    batched, signature of :data:`otm.torch.VERIFIERS`         calibrated chi-square
 ``decoder``  a torch verifier inside ``speculative_decode``            exact mode / chi-square
+``chain``    an engine's chain kernel in its layout (:mod:`.chain`)    exact mode / chi-square
 ===========  ========================================================  ==========================
 
 >>> from otm.certify import certify
@@ -24,6 +25,7 @@ Modules: :mod:`~otm.certify.rules` (law, sampler, torch), :mod:`~otm.certify.ban
 """
 
 from .bank import CERTIFY_SCHEMES, Instance, fixed_bank, pairs
+from .chain import assert_lossless, certify_chain
 from .report import Case, Report
 from .rules import DEFAULT_ALPHA, DEFAULT_TV, KINDS, LAW_TOLERANCE, certify, draws_for, load_rule
 
@@ -36,7 +38,9 @@ __all__ = [
     "KINDS",
     "LAW_TOLERANCE",
     "Report",
+    "assert_lossless",
     "certify",
+    "certify_chain",
     "draws_for",
     "fixed_bank",
     "load_rule",

@@ -74,7 +74,7 @@ def _has_exact_law(verifier) -> bool:
 
 def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 2, tv: float = DEFAULT_DECODER_TV,
                     alpha: float = 1e-3, seed: int = 0, exact: bool | None = None, progress: bool = False,
-                    name: str | None = None, delay: int = 0) -> Report:
+                    name: str | None = None, delay: int = 0, chance=None, settings: tuple | None = None) -> Report:
     """Certify ``verifier`` inside the decoder on the toy settings (module docstring).
 
     Parameters
@@ -87,6 +87,10 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
     delay : a delayed tree's shared path (``speculative_decode``'s ``delay``; 0 <= delay < length).
     tv, alpha : statistical mode: total variation detected with power >= 0.99; family-wise level.
     exact : force (True) or forbid (False) the exact mode; default: exact when the law is known.
+    chance : statistical mode only: ``generator -> Chance`` (:mod:`otm.decode.chance`), the door of each run's
+        random choices in place of the decoder's own draws (e.g. an engine's deterministic top-k drafting,
+        :class:`otm.certify.tree_kernels.TopKDrafts`).
+    settings : the toy settings (default :data:`SETTINGS`; same keys).
     """
     from ..decode.decoder import check_delay, resolve_verifiers, speculative_decode
     from ..decode.exact_mode import exact_decode, law_error, target_law, total_variation
@@ -100,20 +104,23 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
         raise OtmError(f"alpha must lie in (0, 1), got {alpha!r}")
     knows_law = all(v is None or _has_exact_law(v) for v in (root, deep))  # None: a whole-tree rule
     if exact is None:
-        exact = knows_law
+        exact = knows_law and chance is None
+    if exact and chance is not None:
+        raise OtmError("a drafting door of one's own (chance) runs in the statistical mode only: give exact=False")
     elif exact and not knows_law:
         raise OtmError("exact mode needs the verifier's exact law: give the callable a .law(target, draft, drafts) "
                        "attribute, or certify it statistically")
     name = name or (verifier if isinstance(verifier, str) else label)
     start = time.perf_counter()
-    level = alpha / len(SETTINGS)
+    settings = SETTINGS if settings is None else tuple(settings)
+    level = alpha / len(settings)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(SETTINGS), desc="certify (decoder)", unit="setting", disable=not progress, leave=False,
+    bar = tqdm(total=len(settings), desc="certify (decoder)", unit="setting", disable=not progress, leave=False,
                file=sys.stderr)
     cases = []
     sizes = []
-    for s in SETTINGS:
+    for s in settings:
         target, draft, prompt, sampling = _setting(s)
         reference = target_law(model_law(target, prompt, sampling), s["T"])
         options = dict(k=k, length=length, verifier=verifier, scheme=scheme, sampling=sampling,
@@ -139,7 +146,8 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + len(cases))
                 counts, verified, accepted = Counter(), 0, 0
                 for _ in range(n):
-                    out = speculative_decode(target, draft, prompt, max_new_tokens=s["T"], generator=gen, **options)
+                    door = dict(generator=gen) if chance is None else dict(chance=chance(gen))
+                    out = speculative_decode(target, draft, prompt, max_new_tokens=s["T"], **door, **options)
                     counts[tuple(out.tokens)] += 1
                     verified += out.stats.verified_by_depth[0]
                     accepted += out.stats.accepted_by_depth[0]
@@ -163,15 +171,15 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
     failing = [c for c in cases if not c.passed]
     if exact:
         method = (f"exact: every run of the real decoder enumerated (draft tokens, verification outcomes from the "
-                  f"verifier's exact law or a tree rule's own decision laws, bonus tokens) on {len(SETTINGS)} toy "
+                  f"verifier's exact law or a tree rule's own decision laws, bonus tokens) on {len(settings)} toy "
                   f"settings; certified when the law of "
                   f"the first T tokens is within {LAW_TOLERANCE:g} of the target's on every one")
         worst = max(failing or cases, key=lambda c: c.law_error if c.law_error is not None else -1.0)
         report = Report(name, "decoder", scheme, k, not failing, cases, worst, method)
     else:
-        method = (f"statistical: {sum(sizes):,} decoder runs over {len(SETTINGS)} toy settings; chi-square of the "
+        method = (f"statistical: {sum(sizes):,} decoder runs over {len(settings)} toy settings; chi-square of the "
                   f"T-token sequences against the target's exact law at level {level:.2g} per setting (alpha "
-                  f"{alpha:g} / {len(SETTINGS)}, Bonferroni); runs per setting detect every output law at TV >= "
+                  f"{alpha:g} / {len(settings)}, Bonferroni); runs per setting detect every output law at TV >= "
                   f"{tv:g} (merged cells) with power >= {POWER}")
         worst = min(failing or cases, key=lambda c: c.pvalue if c.pvalue is not None else -1.0)
         report = Report(name, "decoder", scheme, k, not failing, cases, worst, method, alpha=alpha, detectable_tv=tv)
