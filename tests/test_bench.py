@@ -69,3 +69,20 @@ def test_table_has_the_predicted_column_and_the_best_row():
     assert best_speculative([ar, hf, a, b]) is b
     no_costs = format_table([ar, a]).splitlines()[2:]  # without costs: "-" in the predicted column
     assert [line.split("|")[-4].strip() for line in no_costs] == ["-", "-"]
+
+
+def test_transformers_generate_row_runs_the_same_step():
+    """With --compile, transformers' generate row gets a StaticCache of one shape (compiled once, in the run's mode,
+    on every device); with none, its growing cache. The static row decodes all its tokens."""
+    from otm.decode.bench import HF_CACHE_LEN, _hf_generate, hf_step_options
+    from otm.decode.sampling import Sampling
+
+    model = tiny_llama(3)
+    assert hf_step_options("none", model, 40) == {}
+    static = hf_step_options("static", model, HF_CACHE_LEN + 1)
+    assert static["disable_compile"] and static["past_key_values"].get_max_length() == 2 * HF_CACHE_LEN
+    compiled = hf_step_options("max-autotune", model, 40)
+    assert compiled["compile_config"].mode == "max-autotune" and compiled["compile_config"]._compile_all_devices
+    assert compiled["past_key_values"].get_max_length() == HF_CACHE_LEN
+    new, calls, _, _ = _hf_generate(model, [1, 2, 3], Sampling(), 6, None, 0, "static")
+    assert new == 6 and calls == 6

@@ -141,13 +141,40 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
-def _hf_generate(target, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
-    """transformers' own sampling loop, ``target.generate(do_sample=True)`` with the run's sampling:
-    (new tokens, target calls, 0, seconds); calls counted by a forward hook."""
-    return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed)
+HF_CACHE_LEN = 512
+"""The capacity of the StaticCache given to transformers' generate row (one shape for every prompt and run, so its
+compiled forward is built once): a multiple of 512 covering prompt and new tokens, as otm's static step."""
 
 
-def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tuple[int, int, int, float]:
+def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
+    """``generate``'s keywords for the run's ``--compile`` choice, so that transformers' own loop runs as otm's
+    rows do: ``none`` its growing cache; ``static`` a ``StaticCache`` uncompiled; a torch.compile mode a
+    ``StaticCache`` with the forward compiled in that mode (transformers' ``CompileConfig``, on every device:
+    by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
+    rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
+    if compile == "none":
+        return {}
+    from transformers import StaticCache
+
+    capacity = -(-max(tokens, 1) // HF_CACHE_LEN) * HF_CACHE_LEN
+    cache = {"past_key_values": StaticCache(config=model.config, max_cache_len=capacity)} if model is not None else {}
+    if compile == "static":
+        return {**cache, "disable_compile": True}
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=False, mode=compile)
+    config._compile_all_devices = True  # transformers' switch to compile off accelerators too
+    return {**cache, "compile_config": config}
+
+
+def _hf_generate(target, ids, sampling, max_new_tokens, eos, seed, compile: str = "none") -> tuple[int, int, int, float]:
+    """transformers' own sampling loop, ``target.generate(do_sample=True)`` with the run's sampling and the run's
+    step (:func:`hf_step_options`): (new tokens, target calls, 0, seconds); calls counted by a forward hook."""
+    step = hf_step_options(compile, target, len(ids) + max_new_tokens)
+    return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed, step=step)
+
+
+def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed, step=None) -> tuple[int, int, int, float]:
     """transformers' assisted generation: (new tokens, target calls, draft calls, seconds).
 
     transformers' defaults for the assistant (5.23): ``num_assistant_tokens=20`` with the
@@ -171,6 +198,7 @@ def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed) -> tup
                 inp, attention_mask=torch.ones_like(inp), **assistant, do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None, top_k=sampling.top_k,
                 top_p=sampling.top_p, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos,
+                **(step or {}),
             )
         seconds = time.perf_counter() - start
     finally:
@@ -192,7 +220,7 @@ def _run(c: Contender, target, draft, ids, sampling, max_new_tokens, eos, seed, 
     if c.kind == "hf_assisted":
         return (*_hf_assisted(target, hf_draft, ids, sampling, max_new_tokens, eos, seed), None)
     if c.kind == "hf_generate":
-        return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed), None)
+        return (*_hf_generate(target, ids, sampling, max_new_tokens, eos, seed, compile), None)
     if c.kind == "autoregressive":
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, seed=seed,
                                   count_host_reads=count_host_reads, validate=False, **step)
@@ -421,8 +449,9 @@ def step_line(compile: str) -> str:
     if compile == "none":
         return "eager step (no compilation)"
     if compile == "static":
-        return "static-shape step, eager kernels (no compilation)"
-    return f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows; transformers' rows eager"
+        return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
+    return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "
+            "generate row (its StaticCache); its assisted row eager")
 
 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,
