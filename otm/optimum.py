@@ -90,7 +90,7 @@ Q(H_j) by scheme:
   ``y`` nodes serves every prefix: the truncated Poisson-binomial law of the
   number of rung clocks is updated token by token in sorted order, and each
   prefix is a dot product. The truncation of the line costs at most
-  :math:`10^{-17}` on each side (bounds in :func:`race_grid`); the
+  :math:`10^{-17}` on each side (bounds in :func:`otm.race_quadrature.race_grid`); the
   discretisation error is estimated by the rule with every other node
   (step ``2h``) and reported as ``error_estimate``.
 
@@ -120,28 +120,15 @@ References
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from .laws import OtmError, check_k, check_law
+from .race_quadrature import default_step, race_grid, trapezoid, weights
 from .race_window import MARGIN, TIE, add_clocks, window_inside
 from .schemes import Greedy, Scheme, SpecHub, Top, check_target, make_scheme
-
-QUADRATURE_STEP_SCALE = 0.19
-"""Default trapezoid step in ``y = log t`` is ``0.19 / k**0.25`` (0.144 at k = 3, 0.113 at k = 8).
-
-The Poisson-binomial tail sharpens in ``y`` like ``1/sqrt(k)``; this step keeps the
-check rule (step ``2h``) within about 1e-12 on peaked, Dirichlet(1) and uniform laws
-up to k = 16, so the finer rule that is returned sits at the rounding level.
-"""
-
-
-def default_step(k: int) -> float:
-    """The default race-quadrature step for ``k`` drafts: ``0.19 / k**0.25``."""
-    return QUADRATURE_STEP_SCALE / k**0.25
 
 QUADRATURE_TOLERANCE = 1e-10
 """Largest accepted quadrature error estimate; above it the step is halved (twice at most), then a warning."""
@@ -149,14 +136,10 @@ QUADRATURE_TOLERANCE = 1e-10
 CHECK_TOLERANCE = 1e-10
 """Largest accepted difference between the two fast computations of Q at the minimiser (otherwise the reference scan runs)."""
 
-TRUNCATION = 1e-17
-"""Bound on the part of the race integral cut off at each end of the ``y`` grid."""
-
 BRUTE_FORCE_MAX_V = 20
 """Largest vocabulary :func:`brute_force_optimum` enumerates (``2^V`` subsets)."""
 
 _BLOCK = 256  # tokens per block in the race scan (bounds the [block, grid] buffers)
-_UPPER = 45.0  # c_min * t_max: e^-45 = 3e-20 cut off, 45 e^-45 = 1e-18 first neglected node
 
 
 def _warn_quadrature(err: float, step: float, stacklevel: int) -> None:
@@ -332,65 +315,6 @@ def _wo2_inside(qp: np.ndarray) -> np.ndarray:
     return np.clip(inside, 0.0, 1.0)
 
 
-def race_grid(k: int, c_min: float, step: float | None = None, ce_max: float | None = None) -> np.ndarray:
-    r"""The ``y = log t`` nodes of the race quadrature.
-
-    The line is cut at :math:`t_\min` and :math:`t_\max` such that each cut-off
-    part of :math:`Q(H) = \int c e^{-ct} F_H(t) dt` is at most
-    :math:`T` = :data:`TRUNCATION` for every prefix whose complement mass is
-    at least ``c_min``:
-
-    * below: :math:`F_H(t) \le (q(H) t)^k / k!`, so the part below
-      :math:`t_\min` is at most :math:`c\, q(H)^k t_\min^{k+1} / (k+1)! \le
-      t_\min^{k+1} / (k+1)! = T`;
-    * above: :math:`\int_{t_\max}^\infty c e^{-ct} dt = e^{-c t_\max} \le
-      e^{-c_\min t_\max}`, with :math:`c_\min t_\max = 45`
-      (:math:`e^{-45} < 3 \cdot 10^{-20}`).
-
-    With ``ce_max``, an upper bound on :math:`c\, e_k(q_H)` over the prefixes evaluated
-    (:math:`e_k` the elementary symmetric polynomial of H's masses), the lower cut rises to
-    :math:`t_\min = ((k+1) T / \mathrm{ce}_{\max})^{1/(k+1)}` when that is larger: since
-    :math:`F_H(t) \le e_k(1 - e^{-q t}) \le e_k(q)\, t^k`, the part below is at most
-    :math:`c\, e_k(q_H)\, t_\min^{k+1}/(k+1) \le T` (the bound above is the case
-    :math:`e_k(q_H) \le q(H)^k/k! \le 1/k!`). A dominant draft token with the rest of H
-    of mass r has :math:`e_k(q_H) \approx r^{k-1}/(k-1)!`, tiny: the grid then starts far higher.
-    The trapezoid's own neglected nodes are bounded alike: below by
-    :math:`h\,(k+1)\,T / (e^{(k+1)h} - 1) \le T` (the integrand is at most
-    :math:`t^{k+1}/k!`), above by about :math:`h \cdot 45 e^{-45} < 10^{-18}`.
-    The node count is even plus one, so every other node is the step-``2h``
-    rule that checks the step-``h`` rule.
-
-    Parameters
-    ----------
-    k : int
-        Number of drafts.
-    c_min : float
-        Smallest positive complement mass among the prefixes evaluated.
-    ce_max : float, optional
-        Upper bound on :math:`c\, e_k(q_H)` over the prefixes evaluated (default: no bound, i.e. 1/k!).
-    step : float, optional
-        Trapezoid step ``h`` (default :func:`default_step`).
-
-    Returns
-    -------
-    y : ndarray, shape (G,)
-
-    Examples
-    --------
-    >>> y = race_grid(3, 1e-6)
-    >>> round(float(y[0]), 3), round(float(y[-1]), 3), y.size
-    (-8.991, 17.861, 187)
-    """
-    step = default_step(k) if step is None else float(step)
-    t_min = (math.factorial(k + 1) * TRUNCATION) ** (1.0 / (k + 1))
-    if ce_max is not None and 0.0 < ce_max < 1.0 / math.factorial(k):
-        t_min = max(t_min, math.exp((math.log((k + 1) * TRUNCATION) - math.log(ce_max)) / (k + 1)))
-    y0 = math.log(t_min)
-    y1 = math.log(_UPPER) - math.log(c_min)
-    m = max(2 * math.ceil((y1 - y0) / (2 * step)), 2)  # t_min above t_max: every evaluated Q is below 2T
-    return y0 + step * np.arange(m + 1)
-
-
 def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.ndarray]:
     """Race quadrature for prefixes 0..n of the positive masses ``qp``: (inside, error)."""
     n = qp.size
@@ -420,13 +344,9 @@ def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.nd
             j = np.arange(s + 1, s + B + 1)  # prefixes ending in this block
             cj = c[j]
             live = cj > 0
-            log_ct = np.log(np.where(live, cj, 1.0))[:, None] + y[None, :]
-            w = np.exp(log_ct - np.exp(log_ct))  # c t e^{-ct}
-            w[~live] = 0.0
-            fine = step * np.einsum("bg,bg->b", w, F[:B])
-            coarse = 2 * step * np.einsum("bg,bg->b", w[:, ::2], F[:B, ::2])
+            fine, err = trapezoid(weights(cj, y), F[:B], step)
             inside[j] = np.where(live, fine, 1.0)
-            error[j] = np.where(live, np.abs(fine - coarse), 0.0)
+            error[j] = np.where(live, err, 0.0)
     inside[:k] = 0.0  # fewer than k tokens: exactly 0 (the scan gives 0 too)
     return np.clip(inside, 0.0, 1.0), error
 
@@ -527,7 +447,7 @@ def _window_optimum(scheme: Scheme, target: np.ndarray, order: np.ndarray, step:
     step_now = default_step(k) if step is None else float(step)
     for attempt in range(3):
         h = step_now
-        res = window_inside(qs[:n], ts[:n], k, lambda c_min, ce_max: race_grid(k, c_min, h, ce_max))
+        res = window_inside(qs[:n], ts[:n], k, h)
         if res is None:
             return None, "its race grid would need t above e^700 (a complement mass below ~1e-303)"
         inside, error, info = res

@@ -80,7 +80,7 @@ caller (:func:`otm.optimum.optimal_acceptance_of`) refuses a check above
 ``CHECK_TOLERANCE`` = 1e-10 and then runs the reference scan, saying so in
 ``Optimum.note``; it does the same when the grid would need :math:`t > e^{700}`.
 
-Every value is a trapezoid sum on the reference's grid (:func:`otm.optimum.race_grid`,
+Every value is a trapezoid sum on the reference's grid (:func:`otm.race_quadrature.race_grid`,
 cut at :math:`45 / c` for the smallest complement mass c among the candidate prefixes,
 not among all prefixes, so G is ~100-130 instead of the reference's 250-2000 nodes),
 with the same error estimate :math:`|T_h - T_{2h}|` and the same step refinement. Its lower
@@ -103,6 +103,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
+
+from .race_quadrature import race_grid, trapezoid, weights
 
 TAU = 0.5
 """Largest ``q_x t`` handled by the moment series (``e^x - 1 <= 0.65``)."""
@@ -410,11 +412,13 @@ class Window:
     heavy: int = 0  # prefixes at which heavy_bounds was evaluated
 
 
-def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window) -> tuple[np.ndarray, np.ndarray]:
+def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int,
+              info: Window | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Truncated count law of the race at every node for the prefixes ``qp[:j]``, ``j`` in ``J``.
 
     Returns ``pmf`` of shape (M, k, G), ``pmf[i, m, g] = P(N(t_g) = m)`` for ``m < k``, and
-    ``tail`` of shape (M, G), ``P(N(t_g) >= k)``. Method: module docstring, step 3.
+    ``tail`` of shape (M, G), ``P(N(t_g) >= k)``. Method: module docstring, step 3. With ``info``,
+    the number of explicit tokens per node used is recorded in ``info.explicit``.
     """
     J = np.asarray(J, dtype=np.int64)
     M, G = J.size, y.size
@@ -507,7 +511,8 @@ def states_at(qp: np.ndarray, J: np.ndarray, y: np.ndarray, k: int, info: Window
         raise RuntimeError("race_window.states_at: a large token was left out below the settled nodes (a bug)")
     over = np.zeros((M, G), dtype=bool)
     over[:, g_hi:] = True  # F = 1 within RUNG_TOLERANCE
-    info.explicit = max(info.explicit, int(done.max()))
+    if info is not None:
+        info.explicit = max(info.explicit, int(done.max()))
     # ---- combine: N = N_large + N_small
     pmf = np.zeros((k, M, G))
     for m in range(k):
@@ -555,20 +560,17 @@ def scan(pmf0: np.ndarray, tail0: np.ndarray, qs: np.ndarray, t: np.ndarray) -> 
 
 
 def _quadrature(F: np.ndarray, c: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Trapezoid sums of ``c t e^{-ct} F`` in ``y = log t`` (step h) and their check rule (step 2h)."""
-    h = float(y[1] - y[0])
-    log_ct = np.log(c)[:, None] + y[None, :]
-    w = np.exp(log_ct - np.exp(log_ct))
-    fine = h * np.einsum("bg,bg->b", w, F)
-    coarse = 2 * h * np.einsum("bg,bg->b", w[:, ::2], F[:, ::2])
-    return fine, np.abs(fine - coarse)
+    """Q = trapezoid sums of ``c t e^{-ct} F`` in ``y = log t`` (step h = y[1] - y[0]) and their error
+    estimate against the step-2h rule (:func:`otm.race_quadrature.trapezoid`)."""
+    return trapezoid(weights(c, y), F, float(y[1] - y[0]))
 
 
-def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
+def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, step: float):
     r"""Certified minimum of ``P_j + 1 - Q(H_j)`` over the prefixes of the positive draft masses ``qp``.
 
     ``qp`` are the positive draft masses in ratio order, ``pt`` the target masses at the same
-    positions, ``grid(c_min)`` returns the reference's race grid. Returns ``(inside, error, info)``:
+    positions, ``step`` the trapezoid step of the reference's race grid
+    (:func:`otm.race_quadrature.race_grid`). Returns ``(inside, error, info)``:
     ``inside[j]`` is :math:`Q(H_j)` where it was computed (NaN elsewhere), ``error`` the per-prefix
     quadrature estimate, or ``None`` when the grid would need ``t > e^700`` (then the caller uses the
     reference scan). Every prefix left at NaN has a lower bound above the returned minimum
@@ -667,7 +669,8 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, grid):
         return inside, error, info
     # every prefix evaluated below lies in [cand.min() - 1, cand.max()] (split's left ends): its
     # complement mass is at least c[cand.max()] (upper cut) and c e_k(q_H) at most the bound (lower cut)
-    y = grid(float(c[cand.max()]), float(c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k))
+    ce_max = float(c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k)
+    y = race_grid(k, float(c[cand.max()]), step, ce_max)
     if y[-1] > 700.0:
         return None
     t = np.exp(y)

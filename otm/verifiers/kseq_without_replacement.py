@@ -72,8 +72,9 @@ rate 1)
 
 whose count law is the race's (:func:`otm.race_window.states_at`: moment series for the small
 rates, exact products for the large ones, all nodes at once). The integral is a trapezoid rule in
-:math:`\log s` with the closed-form step of :func:`otm.optimum.default_step` (halved while the
-step-2h check differs by more than 1e-11 relative); the part below :math:`s_0 = 10^{-6}` is
+:math:`\log s` (:func:`otm.race_quadrature.trapezoid_from_zero`) with the closed-form step of
+:func:`otm.race_quadrature.default_step` (halved while the
+step-2h check differs by more than 1e-11 relative); the part below :math:`s_0 = 10^{-8}` (:data:`S0`) is
 :math:`(1 - e^{-\beta s_0})/\beta` within :math:`s_0^{k+1}/(k+1)!`, the part above
 :math:`s_1 = (42 + \log(1/\lambda))/\lambda` is below :math:`e^{-42}` (:math:`\lambda` = :math:`\beta`
 plus the rejected rates outside the k - 1 largest bounds the integrand's decay). With fewer than k
@@ -109,6 +110,7 @@ from functools import cached_property
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
+from ..race_quadrature import default_step, nodes, trapezoid_from_zero
 from . import kseq
 from .base import Outcome, check_inputs, draw_and_name, inverse_cdf_draw, require_scheme, residual_law
 from .optimal import OptimalBound
@@ -127,12 +129,6 @@ ROOT_TOL = 1e-10
 """The root search stops at a valid rho (E[N_rho] plus its quadrature error at most rho) with
 rho - E[N_rho] at most this, relatively: the acceptance is then within 1e-10 (relative) of its value
 at the root, and the ratio bound 1/2 holds up to that."""
-
-
-def _left_tail(h: float) -> float:
-    """``h/(1 - e^-h)``: the trapezoid rule's nodes at and left of ``y0`` for an integrand ``e^y``,
-    per ``e^y0``; summed over the whole line the rule is exact to ~1e-16 here."""
-    return h / -math.expm1(-h)
 
 
 @dataclass(frozen=True)
@@ -160,8 +156,7 @@ def _rates(target: np.ndarray, draft: np.ndarray, rho: float) -> tuple[np.ndarra
 
 def expected_trials(target, draft, k: int, rho: float, *, step: float | None = None) -> Trials:
     """:math:`E[N_\\rho]`, the expected number of arrivals the rule tests (module docstring)."""
-    from ..optimum import default_step
-    from ..race_window import Window, states_at
+    from ..race_window import states_at
 
     p = np.asarray(target, dtype=np.float64)
     q = np.asarray(draft, dtype=np.float64)
@@ -175,19 +170,15 @@ def expected_trials(target, draft, k: int, rho: float, *, step: float | None = N
     s1 = (TAIL + math.log(1.0 / lam)) / lam
     h = default_step(k) if step is None else float(step)
     while True:
-        m = 2 * max(math.ceil((math.log(s1) - math.log(S0)) / (2 * h)), 1)
-        y = math.log(S0) + h * np.arange(m + 1)
-        pmf, _ = states_at(cp, np.array([cp.size]), y, k, Window())
+        y = nodes(math.log(S0), math.log(s1), h)
+        pmf, _ = states_at(cp, np.array([cp.size]), y, k)
         s = np.exp(y)
         f = s * np.exp(-beta * s) * pmf[0].sum(axis=0)
         # trapezoid sums over the whole line: left of y0 the integrand is e^y (1 - beta e^y + ...)
-        # P(N < k) = e^y up to a relative beta s0 + s0^k, so its nodes there sum to f(y0) * _left_tail(h)
-        fine = h * f[1:].sum() + f[0] * _left_tail(h)
-        coarse = 2 * h * f[2::2].sum() + f[0] * _left_tail(2 * h)
-        value = fine
-        err = abs(fine - coarse)
+        # P(N < k) = e^y up to a relative beta s0 + s0^k, so its nodes there sum to f(y0) * left_tail(h)
+        value, err = trapezoid_from_zero(f, h)
         if err <= REL_TOL * value or h < 1e-3:
-            return Trials(value, err, m + 1)
+            return Trials(value, err, y.size)
         h /= 2
 
 
