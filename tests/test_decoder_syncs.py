@@ -97,18 +97,32 @@ class _DeviceWalkDoor(Enumerated):
 
 
 @pytest.mark.parametrize("scheme, verifier, k", [("iid", "kseq", 2), ("without_replacement", "rrs_without_replacement", 2)])
-def test_the_device_walk_keeps_the_target_law_exactly(monkeypatch, scheme, verifier, k):
+def test_the_device_walk_keeps_the_target_law_exactly(monkeypatch, device_path, scheme, verifier, k):
     """Every node verified and every leaf's bonus drawn, only the accepted path's decisions used: the exact law
-    of the decoder's output is the target's (law error < 1e-12; ToyLM V = 3, top-k off so the drafts without
-    replacement have the support they need)."""
+    of the decoder's output is the target's (law error < 1e-12; ToyLM V = 2, T = 3 so that depth 2 occurs). The
+    walk taken is the device walk (counted), and the planted realistic bug "every node verified with row 0's
+    draft law" (the wrong row) is caught by the same check under it (law error 0.039 iid, 0.059 without
+    replacement)."""
+    from otm.certify.decoder_mutants import DECODER_MUTANTS
     from otm.decode import exact_mode
     from otm.decode.exact_mode import exact_decode, law_error, target_law
     from otm.decode.toy import ToyLM, model_law
+    from otm.decode.tree_rules import LevelByLevel
 
+    walks = []
+    real = LevelByLevel.device_walk
+    monkeypatch.setattr(LevelByLevel, "device_walk", lambda self, *a: walks.append(1) or real(self, *a))
     monkeypatch.setattr(exact_mode, "Enumerated", _DeviceWalkDoor)
-    target, draft = ToyLM(3, seed=11), ToyLM(3, seed=12)
-    result = exact_decode(target, draft, [0, 2], max_new_tokens=2, k=k, length=2, verifier=verifier, scheme=scheme)
-    assert law_error(result.law, target_law(model_law(target, [0, 2]), 2)) < 1e-12
+    target, draft = ToyLM(2, seed=1), ToyLM(2, seed=2)
+    reference = target_law(model_law(target, [0, 1]), 3)
+
+    def error():
+        result = exact_decode(target, draft, [0, 1], max_new_tokens=3, k=k, length=2, verifier=verifier, scheme=scheme)
+        return law_error(result.law, reference)
+
+    assert error() < 1e-12 and walks
+    with DECODER_MUTANTS["wrong_row_law"].plant():
+        assert error() > 1e-2
 
 
 @pytest.mark.parametrize("verifier, k", [("block", 1), ("hsd", 1), ("traversal", 3), ("gbv", 3), ("spectr_gbv", 3), ("layer", 3)])
@@ -144,9 +158,18 @@ def test_greedy_runs_give_the_node_by_node_walks_tokens_and_counts(pair, scheme,
         return speculative_decode(target, draft, [1, 2, 3], k=3, length=3, verifier=verifier, scheme=scheme, seed=0,
                                   sampling=Sampling(temperature=0), max_new_tokens=20, validate=False)
 
-    device = run()
-    monkeypatch.setattr(Sampled, "device_walk", False)
-    node_by_node = run()
+    from otm.decode.host_reads import device_paths
+    from otm.decode.tree_rules import LevelByLevel
+
+    walks = []
+    real = LevelByLevel.device_walk
+    monkeypatch.setattr(LevelByLevel, "device_walk", lambda self, *a: walks.append(1) or real(self, *a))
+    with device_paths():  # the device walk, on the CPU
+        device = run()
+    taken = len(walks)
+    assert taken  # it was taken
+    node_by_node = run()  # the CPU's own walk
+    assert len(walks) == taken  # which does not call it
     assert device.tokens == node_by_node.tokens
     assert device.stats.verified_by_depth == node_by_node.stats.verified_by_depth
     assert device.stats.accepted_by_depth == node_by_node.stats.accepted_by_depth

@@ -16,6 +16,8 @@ TV 0.0235) and that bug as negative control.
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import itertools
 from collections import Counter
@@ -239,12 +241,18 @@ def _against_generate(options: dict, plant, n: int, tv_range: tuple[float, float
 
 
 @pytest.mark.slow
-def test_block_same_law_as_transformers_generate():
+@pytest.mark.parametrize("paths", ["cpu", "device"])
+def test_block_same_law_as_transformers_generate(paths):
     """Block (k = 1, L = 3) against transformers' generate, 5000 runs each (:func:`_against_generate`). Power
     against a realistic planted bug, the min(1, .) cap of p_i forgotten (TV 0.0235 here), asserted >= 0.99;
-    n draws from the broken decoder's exact law are rejected by the same test."""
-    _against_generate(dict(k=1, length=3, verifier="block"), lambda: mock.patch.object(tree_rules, "block_law", _uncapped_p),
-                      n=5000, tv_range=(0.01, 0.05))
+    n draws from the broken decoder's exact law are rejected by the same test. ``device``: the sampled run on
+    the device's paths (``host_reads.device_paths``: the laws read once, every decision drawn on the host from
+    the pooled uniforms by inverse CDF), which the exact mode does not take."""
+    from otm.decode.host_reads import device_paths
+
+    with device_paths() if paths == "device" else contextlib.nullcontext():
+        _against_generate(dict(k=1, length=3, verifier="block"),
+                          lambda: mock.patch.object(tree_rules, "block_law", _uncapped_p), n=5000, tv_range=(0.01, 0.05))
 
 
 def test_bench_has_block_rows_beside_speculative_and_the_cli_takes_block():
@@ -394,14 +402,18 @@ def test_planted_traversal_bugs_are_caught_by_the_exact_mode(bug, target, args):
 
 
 @pytest.mark.slow
-def test_traversal_same_law_as_transformers_generate():
+@pytest.mark.parametrize("paths", ["cpu", "device"])
+def test_traversal_same_law_as_transformers_generate(paths):
     """Traversal (k = 2 i.i.d. rows, L = 2) against transformers' generate, 12000 runs each
     (:func:`_against_generate`). Power against a realistic planted bug, the merged prefix tree verified with
     its duplicate draws dropped (TV 0.0256 here), asserted >= 0.99; n draws from the broken
-    decoder's exact law are rejected."""
-    _against_generate(dict(k=2, length=2, verifier="traversal"),
-                      lambda: mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only)),
-                      n=12000, tv_range=(0.01, 0.05))
+    decoder's exact law are rejected. ``device``: as in the block test, the device's paths."""
+    from otm.decode.host_reads import device_paths
+
+    with device_paths() if paths == "device" else contextlib.nullcontext():
+        _against_generate(dict(k=2, length=2, verifier="traversal"),
+                          lambda: mock.patch.object(VerificationTree, "from_tree", classmethod(_merged_tree_only)),
+                          n=12000, tv_range=(0.01, 0.05))
 
 
 def test_bench_has_traversal_rows_for_both_schemes_and_the_cli_takes_traversal():
