@@ -5,7 +5,7 @@ Run: PYTHONPATH=. OMP_NUM_THREADS=1 python analysis/bench_embedded.py [--seeds 3
 
 Per law family, seed and k = 2, 4, 8 (numpy, float64, batch 1):
 
-* ``setup ms``: the iid rule (``optimal._rule``), what one position costs before any draft is read;
+* ``setup ms``: the iid rule (``optimal.checked_rule``), what one position costs before any draft is read;
 * ``verify ms``: one verification (``optimal_embedded._sample``: rest mass, walk, race, accept, the
   O(V) residual on a rejection), mean over ``--reps`` draft sets drawn without replacement;
 * ``law ms``: the exact conditional law (Bell(k) walk paths), one draft set;
@@ -73,7 +73,7 @@ def main() -> None:
                 rng = np.random.default_rng(100 + seed)
                 t0 = time.perf_counter()
                 for _ in range(3):
-                    rl = optimal._rule(p, q, k)
+                    rl = optimal.checked_rule(p, q, k)
                 setup = (time.perf_counter() - t0) / 3 * 1e3
                 sets = [oe._wor_sample(rng, logq, k) for _ in range(args.reps)]
                 t0 = time.perf_counter()

@@ -175,8 +175,8 @@ def test_monte_carlo_acceptance_at_full_vocabulary():
 @pytest.mark.parametrize("rounds", [0, 4])
 def test_grouped_law_exact_with_coarse_groups(seed, rounds, monkeypatch):
     """One group per octave and no (or some) splitting: several tokens per group, position ties."""
-    monkeypatch.setattr(optimal, "GROUP_BITS", 0)
-    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+    monkeypatch.setattr(optimal.groups, "GROUP_BITS", 0)
+    monkeypatch.setattr(optimal.groups, "REFINE_ROUNDS", rounds)
     rng = np.random.default_rng(300 + seed)
     V, k = 6, 2 + seed % 2
     target = rng.dirichlet(np.ones(V))
@@ -203,7 +203,7 @@ def test_grouped_law_exact_with_coarse_groups(seed, rounds, monkeypatch):
 
 def test_grouped_selection_law_by_enumeration_of_passes(monkeypatch):
     """selection_law's position-tie rule against brute force over the k pass uniforms."""
-    monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
+    monkeypatch.setattr(optimal.groups, "REFINE_ROUNDS", 0)
     target = np.array([0.3, 0.3, 0.1, 0.1, 0.2])
     draft = np.array([0.15, 0.15, 0.3, 0.3, 0.1])  # tokens 0,1 and 2,3 tie in ratio: one group each
     plan = optimal.build(target, draft, 3)
@@ -325,8 +325,8 @@ def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
     to 1e-12 (to rounding where the residual mass is below 1e-3), with coarse groups (several tokens a group, groups left straddling) and fine ones; no
     token of zero residual is ever drawn."""
     if bits is not None:
-        monkeypatch.setattr(optimal, "GROUP_BITS", bits)
-    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+        monkeypatch.setattr(optimal.groups, "GROUP_BITS", bits)
+    monkeypatch.setattr(optimal.groups, "REFINE_ROUNDS", rounds)
     multi = 0
     for target, draft, k in _residual_cases():
         rl = optimal.rule(target, draft, k)
@@ -347,8 +347,8 @@ def test_residual_draws_for_many_uniforms_are_the_scalar_draws(bits, rounds, mon
     drawn) gives, uniform by uniform, the token of a batch of one (Rule.draw_residual, whose law the test
     above reads): 0, 1 - 2^-53, and uniforms next to every group's and token's edge."""
     if bits is not None:
-        monkeypatch.setattr(optimal, "GROUP_BITS", bits)
-    monkeypatch.setattr(optimal, "REFINE_ROUNDS", rounds)
+        monkeypatch.setattr(optimal.groups, "GROUP_BITS", bits)
+    monkeypatch.setattr(optimal.groups, "REFINE_ROUNDS", rounds)
     rng = np.random.default_rng(5)
     for target, draft, k in _residual_cases():
         rl = optimal.rule(target, draft, k)
@@ -372,8 +372,8 @@ def test_residual_draw_planted_bugs_are_caught(monkeypatch):
     2. the group drawn by its target mass P_G instead of its residual mass: 0.039, output 0.009;
     3. the residual 10% high at one token of each group (the "residual off by 10%" bug): 0.0043,
        output 1.0e-3."""
-    monkeypatch.setattr(optimal, "GROUP_BITS", 0)
-    monkeypatch.setattr(optimal, "REFINE_ROUNDS", 0)
+    monkeypatch.setattr(optimal.groups, "GROUP_BITS", 0)
+    monkeypatch.setattr(optimal.groups, "REFINE_ROUNDS", 0)
     target, draft, k = list(_residual_cases())[2]
     honest = optimal.rule(target, draft, k)
     res = honest.residual()

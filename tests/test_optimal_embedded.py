@@ -150,7 +150,7 @@ def test_membership_monte_carlo_is_unbiased():
 
 def _enumerated_membership(target, draft, k):
     scheme = WithoutReplacement(draft, k)
-    rl = optimal._rule(np.asarray(target), np.asarray(draft), k)
+    rl = optimal.checked_rule(np.asarray(target), np.asarray(draft), k)
     res = rl.residual()
     tuples, probs = scheme.enumerate()
     return float(sum(pr * oe._conditional(rl, target, draft, t, res)[1] for t, pr in zip(tuples, probs)))

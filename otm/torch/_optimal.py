@@ -73,7 +73,7 @@ def _row_steps(p_row: np.ndarray, q_row: np.ndarray, k: int):
     in the core's cache, and the rule keeps the raw row and its sum (:class:`Scaled`)."""
     p, pl = normalised_row(p_row)
     q, ql = normalised_row(q_row)
-    steps = _np_optimal._rule_steps(p, q, k, None, (pl, ql))
+    steps = _np_optimal.rule_steps(p, q, k, None, (pl, ql))
     del p, q  # the steps drop them once the O(V) work is done
     return (yield from steps)
 
@@ -154,7 +154,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     x_d = np.empty((batch, k))
     first, inverse = distinct_rows(p, q)
     # one row at a time up to the group layouts, which are solved for all rows together
-    distinct = _np_optimal._drive([_row_steps(p[r], q[r], k) for r in first], k)
+    distinct = _np_optimal.drive_rules([_row_steps(p[r], q[r], k) for r in first], k)
     rules = [distinct[i] for i in inverse]
     for j, rl in enumerate(distinct):  # the rows sharing a rule at once (elementwise: the same numbers)
         rows = np.flatnonzero(inverse == j)

@@ -272,7 +272,7 @@ def law(target, draft, drafts) -> np.ndarray:
     target, draft, d = check_inputs(target, draft, drafts)
     require_distinct(d, "optimal_embedded")
     _check_k(d)
-    return _law(optimal._rule(target, draft, d.size), target, draft, d)
+    return _law(optimal.checked_rule(target, draft, d.size), target, draft, d)
 
 
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
@@ -280,7 +280,7 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     residual draw if rejected. ``Outcome.accepted`` indexes ``drafts``."""
     target, draft, d = check_inputs(target, draft, drafts)
     require_distinct(d, "optimal_embedded")
-    return _sample(optimal._rule(target, draft, d.size), target, draft, d, rng)
+    return _sample(optimal.checked_rule(target, draft, d.size), target, draft, d, rng)
 
 
 def acceptance(target, draft, k: int) -> float:
@@ -288,7 +288,7 @@ def acceptance(target, draft, k: int) -> float:
     (:math:`\alpha^*_{iid}` unless that rule reports a gap); the membership acceptance is at least this."""
     p = check_law(target, "target")
     q = check_law(draft, "draft", size=p.size)
-    return optimal._rule(p, q, check_k(k)).acceptance
+    return optimal.checked_rule(p, q, check_k(k)).acceptance
 
 
 def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
@@ -297,7 +297,7 @@ def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
     target, draft, d = check_inputs(target, draft, drafts)
     require_distinct(d, "optimal_embedded")
     _check_k(d)
-    return _conditional(optimal._rule(target, draft, d.size), target, draft, d)
+    return _conditional(optimal.checked_rule(target, draft, d.size), target, draft, d)
 
 
 def _conditional(rl, target, draft, d, residual=None):
@@ -343,7 +343,7 @@ def membership_acceptance(target, draft, k: int, *, samples: int = MC_SAMPLES, r
     if k > MAX_K:
         raise OtmError(f"membership_acceptance enumerates Bell(k) walk paths up to k = {MAX_K}, got k = {k}")
     scheme = WithoutReplacement(q, k)
-    rl = optimal._rule(p, q, k)
+    rl = optimal.checked_rule(p, q, k)
     res = rl.residual()
     if scheme.n_tuples() <= max_tuples:
         tuples, probs = scheme.enumerate()
@@ -380,7 +380,7 @@ def bind(target, scheme) -> EmbeddedBound:
     require_scheme(scheme, "without_replacement", "optimal_embedded", "use optimal (iid) or lp_optimal (small V)")
     target = check_target(scheme, target)
     draft, k = scheme.draft, scheme.k
-    rl = optimal._rule(target, draft, k)
+    rl = optimal.checked_rule(target, draft, k)
 
     def _check(drafts):
         t, _, d = check_inputs(target, draft, drafts, k)
