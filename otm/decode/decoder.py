@@ -66,33 +66,23 @@ past, so still exact) and no token beyond the limit is drafted.
 from __future__ import annotations
 
 import contextlib
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from .. import torch as ot
 from ..laws import OtmError
 from ..torch import _rho
-from ..verifiers import decodable
 from .caches import cache_keyword, returned_cache  # noqa: F401  (re-exported: the decoder's public names)
-from .chance import Chance, Sampled
+from .arguments import (  # noqa: F401  (SCHEMES, VERIFIERS, check_delay and the resolvers: the decoder's public names)
+    SCHEMES, VERIFIERS, chance_door, check_delay, check_models, check_positive, eos_set, prompt_ids, resolve_rule,
+    resolve_verifiers)
+from .chance import Chance
+from .drafting import Drafts, FeatureDrafter, PlainDrafter
 from .runner import FeatureRunner, Runner, device_and_dtype, is_feature_draft_model, vocab_size
 from .sampling import Sampling, next_token_laws
 from .tree import DraftTree, tree_inputs
-from .tree_registry import TREE_RULES, split_name, tree_rule_names
-from .tree_rules import LevelByLevel, TreeRule
-
-SCHEMES = ("iid", "without_replacement")
-"""Draft schemes of the decoder."""
-
-VERIFIERS = {scheme: decodable(scheme) + tree_rule_names(scheme) for scheme in ("iid", "without_replacement")}
-"""Verifiers valid for each scheme: token-level rules (:func:`otm.verifiers.decodable`: the registry's
-rules with that scheme in their ``decode``, run level by level with their twins in
-:data:`otm.torch.VERIFIERS`) and whole-tree rules (:data:`otm.decode.tree_registry.TREE_RULES`);
-``speculative`` and the chain-only tree rules (``block``) take one draft chain (k = 1)."""
 
 ROLLBACKS = ("gather", "refeed")
 """How the target cache returns to the accepted path (see :func:`speculative_decode`)."""
@@ -158,146 +148,7 @@ class Generation:
     stats: DecodeStats
 
 
-def _check_attention(model, role: str) -> None:
-    """A model whose attention cannot take the decoder's 4D additive tree mask is refused in one line."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if isinstance(impl, str) and "flash" in impl:
-        raise OtmError(
-            f"the {role} model uses {impl}, which cannot take the tree attention mask: load it with "
-            "attn_implementation='sdpa' or 'eager'"
-        )
-
-
-def _check_models(target, draft) -> None:
-    _check_attention(target, "target")
-    if not is_feature_draft_model(draft):
-        _check_attention(draft, "draft")
-    vt, vd = vocab_size(target), vocab_size(draft)
-    if vt is not None and vd is not None and vt != vd:
-        raise OtmError(
-            f"target has a vocabulary of {vt} tokens and draft {vd}: speculative decoding needs two models "
-            "sharing one tokenizer and vocabulary"
-        )
-    if device_and_dtype(target)[0] != device_and_dtype(draft)[0]:
-        raise OtmError("target and draft are on different devices: put both models on one device")
-    if is_feature_draft_model(draft):
-        head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
-        if head is None or tuple(head.weight.shape) != tuple(draft.head.shape):
-            raise OtmError("this feature draft reads another target's features (its head has another shape): "
-                           "load it next to its target with otm.decode.models.load_draft")
-
-
-def _prompt_ids(input_ids, vocab: int | None) -> list[int]:
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.ndim == 2:
-            if input_ids.shape[0] != 1:
-                raise OtmError(f"the decoder runs one prompt at a time (batch size 1), got {input_ids.shape[0]} rows")
-            input_ids = input_ids[0]
-        if input_ids.ndim != 1 or input_ids.dtype.is_floating_point:
-            raise OtmError(f"input_ids must be token ids of shape [n] or [1, n], got {tuple(input_ids.shape)}")
-        ids = [int(t) for t in input_ids.tolist()]
-    else:
-        try:
-            ids = [int(t) for t in input_ids]
-        except (TypeError, ValueError):
-            raise OtmError("input_ids must be a list of token ids or a tensor [1, n]") from None
-    if not ids:
-        raise OtmError("the prompt is empty: give at least one token")
-    if vocab is not None and any(t < 0 or t >= vocab for t in ids):
-        raise OtmError(f"prompt token ids must lie in 0..{vocab - 1}")
-    return ids
-
-
-def _eos_set(eos_token_id) -> frozenset[int]:
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(t) for t in eos_token_id)
-
-
-def _check_positive(value, name: str, meaning: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise OtmError(f"{name} must be a whole number >= 1 ({meaning}), got {value!r}")
-    return int(value)
-
-
-def check_delay(delay, length: int, verifier=None) -> int:
-    """The shared path's length of a delayed tree (``speculative_decode``'s ``delay``), checked:
-    ``0 <= delay < length``, and not with a rule whose registry record refuses it (``TreeRuleSpec.no_delay``)."""
-    if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay < length:
-        raise OtmError(f"delay must be a whole number with 0 <= delay < length = {length} (the shared draft path "
-                       f"before the rows branch; 0: rows from the root), got {delay!r}")
-    why = TREE_RULES[verifier].no_delay if isinstance(verifier, str) and verifier in TREE_RULES else ""
-    if delay and why:
-        raise OtmError(f"the {verifier} rule takes no delayed tree ({why}): use delay 0 or another rule")
-    return int(delay)
-
-
-def resolve_verifiers(verifier, scheme: str, k: int) -> tuple[Callable, Callable, str]:
-    """``(at the root, below the root, name)`` for a verifier name (or a callable) and a scheme.
-
-    A callable with the signature of :data:`otm.torch.VERIFIERS` is used at every node (tests
-    plant broken rules this way). An instance of :class:`~otm.decode.tree_rules.TreeRule` (a user's
-    whole-tree rule) gives ``(None, None, its name)``, as a built-in whole-tree rule does.
-    """
-    if scheme not in SCHEMES:
-        raise OtmError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
-    if isinstance(verifier, type) and issubclass(verifier, TreeRule):
-        raise OtmError(f"give an instance of the tree rule {verifier.__name__}, not the class: {verifier.__name__}()")
-    if isinstance(verifier, TreeRule):
-        return None, None, getattr(verifier, "name", type(verifier).__name__)  # a user's whole-tree rule
-    if callable(verifier):
-        return verifier, verifier, getattr(verifier, "__name__", "custom")
-    base, option = split_name(verifier) if isinstance(verifier, str) else (verifier, {})
-    if option:  # a tree rule with its option by name, "layer:kseq": made here, checked as a user's rule
-        if base not in VERIFIERS[scheme]:
-            raise OtmError(f"verifier {base!r} does not fit the {scheme} scheme in the decoder: choose one of "
-                           f"{', '.join(VERIFIERS[scheme])}")
-        return None, None, verifier
-    if verifier not in VERIFIERS[scheme]:
-        known = ", ".join(VERIFIERS[scheme])
-        raise OtmError(f"verifier {verifier!r} does not fit the {scheme} scheme in the decoder: choose one of {known}")
-    if (verifier == "speculative" or (verifier in TREE_RULES and TREE_RULES[verifier].chain_only)) and k != 1:
-        raise OtmError(f"the {verifier} verifier takes one draft chain (k = 1), got k = {k}: use kseq, rrs or optimal")
-    if verifier in TREE_RULES:
-        return None, None, verifier  # a whole-tree rule (resolve_rule)
-    root = ot.VERIFIERS[verifier]
-    if scheme == "without_replacement":
-        return root, ot.speculative, verifier  # single continuations below the root
-    return root, root, verifier
-
-
-def resolve_rule(verifier, scheme: str, k: int, *, target=None, draft=None, sampling=None) -> TreeRule:
-    """The tree rule of a run: a whole-tree rule by name (``"block"``), else SpecTr's level-by-level
-    walk with the token-level verifiers of :func:`resolve_verifiers`. A registered rule that needs the
-    run's models (``tree_lp``) is made with ``target``, ``draft`` and ``sampling``."""
-    root, deep, name = resolve_verifiers(verifier, scheme, k)
-    if isinstance(verifier, TreeRule):
-        return verifier
-    if root is None:
-        base, option = split_name(name)
-        if option:
-            return TREE_RULES[base].make(**option)
-        spec = TREE_RULES[name]
-        if spec.needs_models:
-            return spec.make(target_lm=target, draft_lm=draft, sampling=sampling)
-        return spec.make()
-    return LevelByLevel(root, deep, name)
-
-
 # -- the decoder ------------------------------------------------------------------------
-
-
-@dataclass
-class _Drafts:
-    """The draft rows of one step and the laws they were drawn from."""
-
-    rows: torch.Tensor  # [k', L] int64: row j's tokens 1..L (a delayed tree: the first delay columns are equal)
-    laws: list[torch.Tensor]  # laws[0] [1, V] = q(.|c); laws[t] [k', V] ([1, V] for t <= delay): the law of token t + 1
-    logits: list[torch.Tensor]  # the draft logits each law was processed from (same shapes; the raw law of peers' bug #47932)
-    context: int  # draft cache length before the rows (|c|)
-    positive: torch.Tensor | None = None  # [k] bool, without_replacement on the device: whether row j's first token has mass
 
 
 class _Decoder:
@@ -319,9 +170,8 @@ class _Decoder:
             self.target = Runner(target, "target")
             runner = FeatureRunner if self.features else Runner
             self.draft = runner(draft, "draft") if draft is not None else None
-        self.pending_feats = None  # feature draft: [n, H] features before each pending draft token; None before the first pass
-        self.captured: list[torch.Tensor] = []  # feature draft: the head's inputs in the last target pass
-        self.tree_features = self.prompt_features = None
+        # the draft side of the step (otm.decode.drafting): what the draft is fed, its rows' state, its rollback
+        self.drafter = None if self.draft is None else (FeatureDrafter if self.features else PlainDrafter)(self.draft, prompt)
         self.k, self.L, self.scheme = k, length, scheme
         self.delay = delay  # DDTE's delayed tree: a shared path of this length, then the k rows branch
         self.rule = verifier  # a TreeRule (otm.decode.tree_rules); None for the autoregressive baseline
@@ -331,7 +181,6 @@ class _Decoder:
         self.target_rollback = target_rollback
         self.committed = list(prompt)  # every committed token (prompt and output so far; the last is the root)
         self.pending_target = list(prompt)  # committed tokens not in the target cache (last = root)
-        self.pending_draft = list(prompt)  # committed tokens not in the draft cache
         self.V = None
         self.stats = DecodeStats(
             method=method, prompt_tokens=len(prompt), verified_by_depth=[0] * length, accepted_by_depth=[0] * length
@@ -416,8 +265,8 @@ class _Decoder:
         return out[:n]
 
     # 1. drafting ---------------------------------------------------------------------------
-    def draft_rows(self, L: int, delay: int = 0) -> "_Drafts":
-        """The k rows of one step, drawn through ``self.chance`` (:class:`_Drafts`).
+    def draft_rows(self, L: int, delay: int = 0) -> Drafts:
+        """The k rows of one step, drawn through ``self.chance`` (:class:`~otm.decode.drafting.Drafts`).
 
         ``laws[0]`` = q(.|c) ``[1, V]``; ``laws[t]`` is the law the rows' token t + 1 was drawn from:
         ``[1, V]`` for t <= ``delay`` (the shared path, one draw per depth, and the law at its end, from
@@ -425,31 +274,21 @@ class _Decoder:
         with the same prefix). k' = k, or the support size of the branching law if smaller
         (``without_replacement``); 1 when ``delay == L`` (the step is the shared path alone).
         """
-        d = self.draft
-        if self.features:
-            h_root = d.feed(self.pending_draft, self.pending_feats)  # [1, H]: the draft's guess of the root's feature
-            logits = d.logits(h_root)  # [1, V]
-            guess = h_root
-        else:
-            logits, guess = d.feed(self.pending_draft), None  # [1, V]
+        d = self.drafter
+        logits = d.start()  # [1, V]: the root's, after the committed tokens the draft has not seen
         law = self.laws(logits, "draft", self.device_walk)  # [1, V]: the law at the current node of the shared path
-        self.pending_draft = []
-        context = d.length()
-        out = _Drafts(None, [law], [logits], context)
+        context = self.draft.length()
+        out = Drafts(None, [law], [logits], context)
 
-        def advance(tokens: torch.Tensor, t: int):
-            """Draft logits after feeding ``tokens [b, 1]`` (each row's token t) at position ``context + t - 1``."""
-            nonlocal guess
-            positions = torch.full((tokens.shape[0], 1), context + t - 1, dtype=torch.int64, device=d.device)
-            if self.features:  # a drafted token's element reads the draft's guess of the feature before it
-                guess = d.forward(tokens, positions, guess[:, None])[:, -1]  # [b, H]
-                return d.logits(guess), guess
-            return d.forward(tokens, positions)[:, -1], None  # [b, V]
+        def advance(tokens: torch.Tensor, t: int) -> torch.Tensor:
+            """Draft logits ``[b, V]`` after feeding ``tokens [b, 1]`` (each row's token t) at position ``context + t - 1``."""
+            positions = torch.full((tokens.shape[0], 1), context + t - 1, dtype=torch.int64, device=self.draft.device)
+            return d.advance(tokens, positions)
 
         path = []  # the shared path (DDTE's delayed tree): one draw per depth, at batch 1
         for t in range(delay):
             if t:
-                logits, _ = advance(path[-1], t)  # [1, V]
+                logits = advance(path[-1], t)  # [1, V]
                 law = self.laws(logits, "draft", self.device_walk)
                 out.laws.append(law)
                 out.logits.append(logits)
@@ -458,7 +297,7 @@ class _Decoder:
             out.rows = torch.cat(path, 1)  # [1, L]
             return out
         if delay:  # the law at the path's end, from which the k branch tokens are drawn
-            logits, _ = advance(path[-1], delay)  # [1, V]
+            logits = advance(path[-1], delay)  # [1, V]
             law = self.laws(logits, "draft", self.device_walk)
             out.laws.append(law)
             out.logits.append(logits)
@@ -479,16 +318,13 @@ class _Decoder:
         rows[:, delay] = first[0]
         out.rows = rows
         if L - delay > 1:
-            d.cache.batch_repeat_interleave(k)
-            if self.features:
-                guess = guess.expand(k, -1)  # [k', H]
+            d.branch(k)
         for t in range(delay + 1, L):
             # the first row of each row's prefix (on the device: no read)
             same = (rows[:, None, delay:t] == rows[None, :, delay:t]).all(-1)  # [k', k']
             representative = same.to(torch.int64).argmax(-1)  # [k']: argmax takes the first maximum
-            logits = advance(rows[:, t - 1 : t], t)[0][representative]  # [k', V]: one per distinct prefix
-            if self.features:
-                guess = guess[representative]
+            logits = advance(rows[:, t - 1 : t], t)[representative]  # [k', V]: one per distinct prefix
+            d.pick(representative)
             laws = self.laws(logits, "draft", self.device_walk)  # [k', V]
             rows[:, t] = self.chance.draft_iid(laws, 1)[:, 0]
             out.laws.append(laws)
@@ -496,7 +332,7 @@ class _Decoder:
         return out
 
     # 2. tree -------------------------------------------------------------------------------------
-    def host_rows(self, drafts: "_Drafts") -> list[list[int]]:
+    def host_rows(self, drafts: Drafts) -> list[list[int]]:
         """The drafted rows as host ints (the tree is built on the host), in one read with the drafts' deferred
         checks; without replacement on the device, the rows past the support size are cut here."""
         k, L = drafts.rows.shape
@@ -516,23 +352,15 @@ class _Decoder:
         t = self.target
         past = t.length()
         ids, positions, mask = tree_inputs(tree, self.pending_target, past, dtype=t.dtype, device=t.device)
-        # a feature draft's first pass needs the features of every prompt position, later ones the nodes'
-        keep = ids.shape[1] if self.features and self.pending_feats is None else tree.size
-        self.captured.clear()
+        d = self.drafter
+        keep = tree.size if d is None else d.before_target(ids.shape[1], tree.size)
         logits = t.forward(ids, positions, mask, keep=keep)[0, -tree.size :]  # [N, V]: the root and the nodes
-        if self.static and self.features:  # the static target returns its head's inputs itself
-            self.captured.append(t.last_features)
-        if self.features:
-            if not self.captured:
-                raise OtmError("the target's head was not called in its forward: a feature draft needs a causal LM "
-                               "whose output embedding module turns features into logits")
-            feats = self.captured[-1][0].to(torch.promote_types(self.captured[-1].dtype, torch.float32))  # [q', H]
-            self.tree_features = feats[-tree.size :]  # [N, H] by node
-            self.prompt_features = feats[: -tree.size]  # the pending tokens before the root (first pass: the prompt)
+        if d is not None:
+            d.after_target(t, self.static, tree.size)
         return self.laws(logits, "target", self.defer_target)
 
     # 4. walk ---------------------------------------------------------------------------------
-    def node_draft_law(self, tree: DraftTree, node: int, drafts: "_Drafts") -> torch.Tensor:
+    def node_draft_law(self, tree: DraftTree, node: int, drafts: Drafts) -> torch.Tensor:
         """``[1, V]``: the law the node's children tokens were drawn from (the law of the rows through it)."""
         depth = tree.depth[node]
         return drafts.laws[depth][tree.rows_through[node][0] if depth else 0][None]
@@ -541,7 +369,7 @@ class _Decoder:
         """The target's own draw at a node without children (a leaf at depth L, or a root without drafts)."""
         return self.chance.bonus(target_laws[node : node + 1])
 
-    def walk(self, tree: DraftTree, drafts: "_Drafts | None", target_laws) -> tuple[list[int], list[int]]:
+    def walk(self, tree: DraftTree, drafts: Drafts | None, target_laws) -> tuple[list[int], list[int]]:
         """Emitted tokens and the accepted path (its nodes, depth 1 first): the run's tree rule."""
         if not tree.children[0]:  # no drafts this step (autoregressive, or a feature draft's first step)
             if self.device_walk:
@@ -576,7 +404,7 @@ class _Decoder:
     # one step ----------------------------------------------------------------------------------
     def step(self, remaining: int) -> list[int]:
         L = self.depth(remaining)
-        if self.features and self.pending_feats is None:
+        if self.drafter is not None and not self.drafter.ready:
             L = 0  # a feature draft waits for the target's features of the prompt: the first step drafts nothing
         root = self.pending_target[-1]
         self.host_laws = None
@@ -602,31 +430,9 @@ class _Decoder:
         self.phase("rollback")
         # 5. rollback. Target: keep the committed context and the accepted path, or refeed it.
         self.rollback_target(past + len(self.pending_target), emitted, path)
-        accepted = len(path)  # tokens of the accepted path
-        end = path[-1] if path else 0
-        if self.features:
-            # emitted token i was drawn from the law at node [root] + path: the target's feature there goes with it
-            emitted_feats = self.tree_features[[0] + path]  # [len(emitted), H]
-            if self.pending_feats is None:  # first pass: the prompt's tokens get zeros, f_0 .. f_{n-2}
-                self.pending_feats = torch.cat([self.tree_features.new_zeros((1, emitted_feats.shape[1])),
-                                                self.prompt_features])
-            if L >= 1:  # the drafted elements read guessed features: drop them, feed the accepted tokens again
-                if L - delay > 1:  # the cache was expanded to the k rows at the branching point
-                    self.draft.cache.batch_select_indices(torch.tensor([0], device=self.draft.device))
-                self.draft.truncate(drafts.context)
-                self.pending_draft, self.pending_feats = list(emitted), emitted_feats
-            else:
-                self.pending_draft.extend(emitted)
-                self.pending_feats = torch.cat([self.pending_feats, emitted_feats])
-        elif L >= 1:
-            if L - delay > 1:  # the cache was expanded to the k rows: keep one that carries the accepted path
-                row = self.draft_row_kept(tree, end)
-                self.draft.cache.batch_select_indices(torch.tensor([row], device=self.draft.device))
-            kept = min(accepted, L - 1)  # the row holds its tokens 1..L-1
-            self.draft.truncate(drafts.context + kept)
-            self.pending_draft = emitted[kept:]
-        else:
-            self.pending_draft.extend(emitted)
+        # draft: back to the committed tokens, keeping a cache row through the accepted path
+        if self.drafter is not None:
+            self.drafter.rollback(drafts, L, delay, emitted, path, self.draft_row_kept(tree, path[-1] if path else 0))
         self.stats.draft_seconds += t1 - t0
         self.stats.target_seconds += t2 - t1
         self.stats.verify_seconds += t3 - t2
@@ -643,10 +449,8 @@ class _Decoder:
 
             self.reads = HostReads()
         counting = self.reads if self.reads is not None else contextlib.nullcontext()
-        hook = contextlib.nullcontext()
-        if self.features and not self.static:  # the target's features are its head's inputs (a hook handle removes itself)
-            head = self.target.model.get_output_embeddings()
-            hook = head.register_forward_hook(lambda _m, inputs, _o: self.captured.append(inputs[0]))
+        # a feature draft reads the target's features (its head's inputs) during the target's passes
+        hook = contextlib.nullcontext() if self.drafter is None else self.drafter.capture(self.target, self.static)
         with torch.inference_mode(), hook, counting:
             while len(out) < self.max_new:
                 new = self.step(self.max_new - len(out))[: self.max_new - len(out)]
@@ -668,30 +472,6 @@ class _Decoder:
         if self.reads is not None:
             s.host_reads = dict(self.reads.counts)
         return Generation(out, s)
-
-
-def _chance(chance, generator, seed, device, validate: bool) -> Chance:
-    """The door of the run's random choices: the one given, else draws from a generator or a seed."""
-    if chance is None:
-        return Sampled(_generator(generator, seed, device), validate)
-    if not isinstance(chance, Chance):
-        raise OtmError(f"chance must be an otm.decode.chance.Chance, got {type(chance).__name__}")
-    if generator is not None or seed is not None:
-        raise OtmError("give a chance door or a generator / seed, not both")
-    return chance
-
-
-def _generator(generator, seed, device) -> torch.Generator:
-    if generator is not None:
-        if seed is not None:
-            raise OtmError("give a generator or a seed, not both")
-        return generator
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(int(seed))
-    return gen
 
 
 def speculative_decode(
@@ -771,20 +551,20 @@ def speculative_decode(
     -------
     Generation(tokens, stats)
     """
-    k = _check_positive(k, "k", "drafts per position")
-    length = _check_positive(length, "length", "draft depth L")
-    max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
+    k = check_positive(k, "k", "drafts per position")
+    length = check_positive(length, "length", "draft depth L")
+    max_new_tokens = check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     delay = check_delay(delay, length, verifier)
     sampling = Sampling() if sampling is None else sampling
     rule = resolve_rule(verifier, scheme, k, target=target, draft=draft, sampling=sampling)
     if target_rollback not in ROLLBACKS:
         raise OtmError(f"target_rollback must be one of {', '.join(ROLLBACKS)}, got {target_rollback!r}")
-    _check_models(target, draft)
-    prompt = _prompt_ids(input_ids, vocab_size(target))
+    check_models(target, draft)
+    prompt = prompt_ids(input_ids, vocab_size(target))
     device = device_and_dtype(target)[0]
     decoder = _Decoder(
         target, draft, prompt, k=k, length=length, scheme=scheme, verifier=rule, sampling=sampling,
-        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
+        max_new_tokens=max_new_tokens, eos=eos_set(eos_token_id), chance=chance_door(chance, generator, seed, device, validate),
         law_dtype=law_dtype, method=f"{rule.name} {scheme} k={k} L={length}" + (f" delay={delay}" if delay else ""),
         target_rollback=target_rollback, static=static, compile=compile, max_cache=max_cache, prompt_length=len(prompt),
         delay=delay,
@@ -817,13 +597,13 @@ def autoregressive_decode(
     ``validate``: as :func:`speculative_decode` (the same static step, compiled or not, so ratios compare
     like with like; ``validate`` checks the law before each draw, one synchronisation per step).
     """
-    max_new_tokens = _check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
+    max_new_tokens = check_positive(max_new_tokens, "max_new_tokens", "tokens to generate")
     sampling = Sampling() if sampling is None else sampling
-    prompt = _prompt_ids(input_ids, vocab_size(target))
+    prompt = prompt_ids(input_ids, vocab_size(target))
     device = device_and_dtype(target)[0]
     decoder = _Decoder(
         target, None, prompt, k=1, length=0, scheme="iid", verifier=None, sampling=sampling,
-        max_new_tokens=max_new_tokens, eos=_eos_set(eos_token_id), chance=_chance(chance, generator, seed, device, validate),
+        max_new_tokens=max_new_tokens, eos=eos_set(eos_token_id), chance=chance_door(chance, generator, seed, device, validate),
         law_dtype=law_dtype, method="autoregressive", static=static, compile=compile, max_cache=max_cache,
         prompt_length=len(prompt),
     )
