@@ -152,19 +152,13 @@ def test_tree_lp_runs_sampled_and_follows_the_context_over_many_steps():
     assert len(contexts) > 5 and all(c[:2] == tuple(PROMPT) for c in contexts)
 
 
-def test_context_reads_a_decoder_committed_list_when_there_is_one():
-    """The accessor proposed for the decoder (``dec.committed``) is read as it is; a run joined late is refused."""
-    class Dec:  # a decoder's fields the rule reads (weak-referenceable, as the decoder is)
-        def __init__(self, **fields):
-            self.__dict__.update(fields)
-
+def test_context_is_the_committed_tokens_ending_at_the_root():
+    """The step context's committed tokens are the LP's context; a context not ending at the tree's root is refused."""
     rule = TreeLP(ToyLM(3, seed=0), ToyLM(3, seed=1))
     tree = SimpleNamespace(size=3, tokens=torch.tensor([2, 0, 1]))
-    dec = Dec(committed=[0, 1, 2], pending_target=[2], target=SimpleNamespace(length=lambda: 5))
-    assert rule.context(dec, tree) == (0, 1, 2)
-    late = Dec(pending_target=[2], target=SimpleNamespace(length=lambda: 5))
-    with pytest.raises(OtmError, match="joined a run after its first step"):
-        rule.context(late, tree)
+    assert rule.context(SimpleNamespace(committed=[0, 1, 2]), tree) == (0, 1, 2)
+    with pytest.raises(OtmError, match="does not end at the tree's root"):
+        rule.context(SimpleNamespace(committed=[0, 2, 1]), tree)
 
 
 def test_tree_lp_refuses_other_models_or_sampling_and_missing_models():

@@ -129,14 +129,6 @@ class TopKDrafts(HostDraws):
 # -- the layouts ------------------------------------------------------------------------------------------
 
 
-def _count_depths(dec, depth: int) -> None:
-    """The decoder's counters for a path of ``depth`` accepted tokens (as the built-in tree rules count)."""
-    for d in range(min(depth + 1, len(dec.stats.verified_by_depth))):
-        dec.stats.verified_by_depth[d] += 1
-    for d in range(depth):
-        dec.stats.accepted_by_depth[d] += 1
-
-
 def _ints(x, what: str) -> list[int]:
     try:
         if isinstance(x, torch.Tensor):
@@ -275,7 +267,7 @@ class KernelRule(TreeRule):
             args = [arrays[name] for name in SGLANG_ORDER] + ([arrays["draft_probs"]] if self.draft_probs else [])
             _call(self.kernel, *args)
             emitted, path = sglang_outputs(arrays, tree)
-        _count_depths(dec, len(path))
+        dec.count_path(len(path))
         return emitted, path
 
 
@@ -367,7 +359,7 @@ class SGLangRuleLaw(TreeRule):
             kids = tree.children[node]
             p = law64[node]
             if not kids or len(path) == depth_max:
-                _count_depths(dec, len(path))
+                dec.count_path(len(path))
                 return [int(t) for t in tree.tokens[path]] + [dec.bonus(tree, node, target_laws)], path
             probs, s_prev = [], 0.0
             for c in kids:
@@ -385,7 +377,7 @@ class SGLangRuleLaw(TreeRule):
             choice = dec.chance.index(torch.tensor([probs + [0.0] * (len(kids) - len(probs)) + [reject]],
                                                    dtype=torch.float64, device=p.device))
             if choice == len(kids):
-                _count_depths(dec, len(path))
+                dec.count_path(len(path))
                 return [int(t) for t in tree.tokens[path]] + [dec.chance.index(residual[None])], path
             node = kids[choice]
             path.append(node)
@@ -494,7 +486,7 @@ class _ExactWalk(TreeRule):
         parents, tokens, draft, target, vt = generic_arrays(dec, tree, drafts, target_laws)
         emitted, path = rrs_walk(parents, tokens, draft, target, lambda w: dec.chance.index(w[None]),
                                  without_replacement=self.wor, bug=self.bug)
-        _count_depths(dec, len(path))
+        dec.count_path(len(path))
         return emitted, [vt.node[v] for v in path]
 
 

@@ -82,6 +82,7 @@ from .chance import Chance
 from .drafting import Drafts, FeatureDrafter, PlainDrafter
 from .runner import FeatureRunner, Runner, device_and_dtype, is_feature_draft_model, vocab_size
 from .sampling import Sampling, next_token_laws
+from .step_context import StepContext
 from .tree import DraftTree, tree_inputs
 
 ROLLBACKS = ("gather", "refeed")
@@ -195,6 +196,7 @@ class _Decoder:
         self.defer_target = self.device_walk  # read with the step's outcome, or with its laws (a numpy tree rule)
         self.checks: list[tuple] = []  # (all finite [] bool tensor, role, logits) of laws not yet checked
         self.host_laws = None  # the step's otm.decode.tree_rules.HostLaws (a whole-tree rule with numpy arithmetic)
+        self.context = StepContext(self)  # what a tree rule sees of this decoder (otm.decode.step_context)
 
     def phase(self, name: str) -> None:
         """The part of the step now running, for the host-read count (nothing when not counting)."""
@@ -375,7 +377,7 @@ class _Decoder:
             if self.device_walk:
                 return self.read(self.chance.bonus_batch(target_laws[:1])), []
             return [self.bonus(tree, 0, target_laws)], []
-        return self.rule.walk(self, tree, drafts, target_laws)
+        return self.rule.walk(self.context, tree, drafts, target_laws)
 
     # 5. rollback -------------------------------------------------------------------------------
     def rollback_target(self, committed: int, emitted: list[int], path: list[int]) -> None:

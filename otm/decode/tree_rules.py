@@ -58,9 +58,11 @@ from ..tree_verification import block_law as _np_block_law
 class TreeRule:
     """One step's verification of a whole draft tree.
 
-    :meth:`walk` gets the decoder (for ``node_draft_law(tree, node, drafts)``, ``bonus(tree, node,
-    target_laws)``, ``chance`` and ``stats``), the tree, the drafts and the target laws ``[N, V]`` at
-    every node (node 0 the root), and returns ``(emitted tokens, accepted path nodes, depth 1 first)``.
+    :meth:`walk` gets the step's context (:class:`~otm.decode.step_context.StepContext`: ``chance``, the door
+    through which every random choice is drawn; ``node_draft_law(tree, node, drafts)``, ``bonus(tree, node,
+    target_laws)``, ``read``, ``count`` / ``count_path``, ``scheme``, ``k``, ``committed``), the tree, the
+    drafts and the target laws ``[N, V]`` at every node (node 0 the root), and returns ``(emitted tokens,
+    accepted path nodes, depth 1 first)``. Nothing else of the decoder is reachable from a rule.
     """
 
     name = "tree rule"
@@ -105,7 +107,7 @@ class HostLaws:
         self.dec, self.tree, self.target_laws = dec, tree, target_laws
         n, V = target_laws.shape
         device = target_laws.device
-        if not getattr(dec, "device_walk", False):  # the CPU (or the exact mode): rows copied as the rule asks
+        if not dec.device_walk:  # the CPU (or the exact mode): rows copied as the rule asks
             def host(law):
                 return law.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
 
@@ -119,7 +121,7 @@ class HostLaws:
         for node in range(n):
             if tree.children[node]:
                 q[node] = dec.node_draft_law(tree, node, drafts)[0].to(device=device, dtype=torch.float64)
-        u = dec.chance.uniforms(draws, device) if getattr(dec, "device_walk", False) else None
+        u = dec.chance.uniforms(draws, device) if dec.device_walk else None
         parts = [target_laws.to(torch.float64).reshape(-1), q.reshape(-1)] + ([u] if u is not None else [])
         flat = dec.read_array(torch.cat(parts), "laws")  # the step's one read of its laws
         self.target = flat[: n * V].reshape(n, V)
@@ -131,7 +133,7 @@ class HostLaws:
     def on_host(self):
         """Torch arithmetic on CPU tensors made from the host copies (``block_law``): no device is involved, so
         the host-read count (:mod:`otm.decode.host_reads`) pauses."""
-        reads = getattr(self.dec, "reads", None)
+        reads = self.dec.reads
         if reads is None:
             yield
             return
@@ -206,15 +208,13 @@ class LevelByLevel(TreeRule):
         depth = len(walked)
         accepted = sum(1 for v in out[1:depth] if v >= 0)
         path, emitted = out[1 : accepted + 1], out[depth : depth + accepted + 1]
-        for node in [0] + path:
+        for i, node in enumerate([0] + path):  # a node with children was verified; its token was a child but at the end
             if tree.children[node]:
-                dec.stats.verified_by_depth[tree.depth[node]] += 1
-        for node in ([0] + path)[:-1]:  # the nodes whose emitted token was a child
-            dec.stats.accepted_by_depth[tree.depth[node]] += 1
+                dec.count(tree.depth[node], i < len(path))
         return emitted, path
 
     def walk(self, dec, tree, drafts, target_laws):
-        if getattr(dec, "device_walk", False):
+        if dec.device_walk:
             return self.device_walk(dec, tree, drafts, target_laws)
         node, emitted, path = 0, [], []
         while True:
@@ -230,11 +230,10 @@ class LevelByLevel(TreeRule):
             verify = self.root_verifier if depth == tree.delay else self.deep_verifier
             y = dec.chance.verify(verify, p_node, q_node, tokens)
             emitted.append(y)
-            dec.stats.verified_by_depth[depth] += 1
             child = next((c for c in kids if tree.token_list[c] == y), None)
+            dec.count(depth, child is not None)
             if child is None:  # y is the correction token
                 return emitted, path
-            dec.stats.accepted_by_depth[depth] += 1
             node = child
             path.append(node)
 
@@ -285,11 +284,8 @@ def emit_block(dec, tree, nodes: list[int], tau: int, residuals, target_laws, na
     ``residuals[tau]`` (``[V]`` laws, numpy or torch); the depths reached and accepted are counted as
     level by level would count them. Returns ``(emitted, accepted path nodes)``."""
     gamma = len(nodes) - 1
-    for depth in range(min(tau + 1, gamma)):  # depths reached: 0..tau
-        dec.stats.verified_by_depth[depth] += 1
-    for depth in range(tau):
-        dec.stats.accepted_by_depth[depth] += 1
-    host = getattr(dec, "host_laws", None)  # the step's HostLaws, if the rule made one
+    dec.count_path(tau, limit=gamma)  # depths reached: 0..tau
+    host = dec.host_laws  # the step's HostLaws, if the rule made one
     host = host if host is not None and host.tree is tree else None
     emitted = [tree.token_list[n] for n in nodes[1 : tau + 1]]
     if tau == gamma:
@@ -399,10 +395,7 @@ class Traversal(TreeRule):
             state.reject(v)
         path = [vt.node[a] for a in vt.path(v)]
         depth = len(path)
-        for d in range(min(depth + 1, len(dec.stats.verified_by_depth))):
-            dec.stats.verified_by_depth[d] += 1
-        for d in range(depth):
-            dec.stats.accepted_by_depth[d] += 1
+        dec.count_path(depth)
         emitted = [tree.token_list[n] for n in path]
         if state.touched[v]:
             emitted.append(host.index(state.p[v]))

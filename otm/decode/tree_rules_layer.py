@@ -58,10 +58,7 @@ class Layer(TreeRule):
         else:  # a leaf: the target's own draw
             emitted.append(host.bonus(node))
         depth = len(path)
-        for d in range(min(depth + 1, len(dec.stats.verified_by_depth))):
-            dec.stats.verified_by_depth[d] += 1
-        for d in range(depth):
-            dec.stats.accepted_by_depth[d] += 1
+        dec.count_path(depth)
         return emitted, path
 
 

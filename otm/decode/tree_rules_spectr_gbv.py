@@ -32,21 +32,13 @@ class SpectrGbv(TreeRule):
         state = SpectrGbvState(tree, lambda n: host.target[n].copy(), lambda n: host.draft[n].copy(),
                                root_without_replacement=dec.scheme == "without_replacement")
         L, shared = state.L, state.shared
-        depths = len(dec.stats.verified_by_depth)
-
-        def count(accepted: int) -> None:  # depths reached 0..accepted (as level by level would count them)
-            for depth in range(min(accepted + 1, depths)):
-                dec.stats.verified_by_depth[depth] += 1
-            for depth in range(min(accepted, depths)):
-                dec.stats.accepted_by_depth[depth] += 1
-
         for j, nodes in enumerate(state.rows):
             tau_law, emit = state.block(j)
             tau = host.index(tau_law)
             if tau == 0:  # the whole block is rejected: the branching node takes its residual, next row
                 state.reject(j)
                 continue
-            count(state.delay + tau)
+            dec.count_path(state.delay + tau)
             path = shared + nodes[:tau]
             emitted = [state.tokens[n] for n in path]
             if tau == L:
@@ -57,7 +49,7 @@ class SpectrGbv(TreeRule):
         # every row rejected: the branching node, else a node of the shared path above it (a delayed tree)
         tau_law, emit = state.shared_block()
         tau = host.index(tau_law) if state.delay else 0
-        count(tau)
+        dec.count_path(tau)
         path = shared[:tau]
         emitted = [state.tokens[n] for n in path]
         if emit[tau] is None:  # untouched: the target's own draw there

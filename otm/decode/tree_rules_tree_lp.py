@@ -46,7 +46,6 @@ target's (induction over the steps, ``docs/tree_optimum.md``).
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 
@@ -98,7 +97,6 @@ class TreeLP(TreeRule):
         self.plans: dict[tuple, TreePlan] = {}
         self.sources: dict[tuple, tuple] = {}  # plan key -> the context whose laws the plan was built from
         self._laws: dict[tuple, tuple] = {}  # context -> (target law, draft law), prefix -> [V] float64
-        self._committed = weakref.WeakKeyDictionary()  # decoder -> its committed tokens after the last walk
 
     # -- the step's context and plan ------------------------------------------------------------
 
@@ -126,37 +124,18 @@ class TreeLP(TreeRule):
         return self.plans[key], self.sources[key]
 
     def context(self, dec, tree) -> tuple[int, ...]:
-        """The committed tokens of the step (prompt and every token emitted so far; the last is the root).
-
-        The decoder keeps only the tokens not yet in the target's cache (``dec.pending_target``), so
-        the rule follows each run itself: at a run's first step the target cache is empty and the
-        pending tokens are the prompt; after each walk it appends the emitted tokens. The count is
-        checked against the target cache (its length after the tree pass, less the tree's nodes) and
-        the tail against the pending tokens. A decoder that keeps ``dec.committed`` (the accessor
-        proposed for :class:`otm.decode.decoder._Decoder`) is read directly.
-        """
-        committed = getattr(dec, "committed", None)
-        pending = [int(t) for t in dec.pending_target]
-        n = dec.target.length() - (tree.size - 1)  # committed tokens: the cache after the tree pass, less the nodes
-        if committed is not None:
-            context = tuple(int(t) for t in committed)
-        else:
-            context = self._committed.get(dec)
-            if context is None:
-                if n != len(pending):
-                    raise OtmError("TreeLP joined a run after its first step (the target cache already holds "
-                                   f"{n - len(pending)} tokens it has not seen): give TreeLP to the decoder from the start")
-                context = tuple(pending)
-        if len(context) != n or list(context[len(context) - len(pending):]) != pending \
-                or context[-1] != int(tree.tokens[0]):
-            raise OtmError(f"TreeLP lost the run's context ({len(context)} tokens known, {n} committed): a step "
-                           "ran without the rule (no drafts?); TreeLP needs every drafted step of the run")
+        """The committed tokens of the step (prompt and every token emitted so far; the last is the root):
+        the step context's ``committed`` (:class:`otm.decode.step_context.StepContext`), checked against the tree."""
+        context = tuple(int(t) for t in dec.committed)
+        if not context or context[-1] != int(tree.tokens[0]):
+            raise OtmError(f"TreeLP was given a context that does not end at the tree's root ({len(context)} tokens): "
+                           "run it inside the decoder")
         return context
 
     def check_laws(self, dec, tree, drafts, target_laws, context: tuple, prefixes: list[tuple]) -> None:
         """Refuse (one line) a step whose laws on the tree are not the laws after ``context`` (the plan's source)."""
         target, draft = self.laws(context)
-        host = getattr(dec, "host_laws", None)  # the step's laws read back in one copy (HostLaws), else read here
+        host = dec.host_laws  # the step's laws read back in one copy (HostLaws), else read here
         host = host if host is not None and host.tree is tree else HostLaws(dec, tree, drafts, target_laws, draws=0)
         for node, prefix in enumerate(prefixes):
             gap = float(np.abs(host.target[node] - target(prefix)).max())
@@ -199,14 +178,8 @@ class TreeLP(TreeRule):
         node_of = {prefix: node for node, prefix in enumerate(prefixes)}
         path = [node_of[block[:d]] for d in range(1, len(block))]  # b_1..b_{m-1}: a path of the tree
         depth = len(path)
-        for d in range(min(depth + 1, L)):  # depths reached, as Block counts them
-            dec.stats.verified_by_depth[d] += 1
-        for d in range(depth):
-            dec.stats.accepted_by_depth[d] += 1
-        emitted = list(block)
-        if getattr(dec, "committed", None) is None:
-            self._committed[dec] = context + tuple(emitted)
-        return emitted, path
+        dec.count_path(depth, limit=L)  # depths reached, as Block counts them
+        return list(block), path
 
 
 _SHARED: list[TreeLP] = []
