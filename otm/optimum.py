@@ -103,8 +103,8 @@ rule), 14-23 ms instead of 0.4-3.4 s at V = 49152 (docs/closed_form.md);
 ``greedy`` and ``spechub`` have their own closed forms (docs/theory.md section 2;
 Hu et al. and SpecHub); the prefix property can fail for them (they break (E)).
 
-:func:`brute_force_optimum` is the reference: the minimum over all :math:`2^V`
-subsets with :math:`Q` from the scheme's enumeration (V <= 20), for any scheme.
+:func:`brute_force_optimum` (:mod:`otm.brute_force`) is the reference: the minimum over all
+:math:`2^V` subsets with :math:`Q` from the scheme's enumeration (V <= 20), for any scheme.
 
 References
 ----------
@@ -125,6 +125,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .brute_force import BRUTE_FORCE_MAX_V, brute_force_cut, brute_force_optimum  # noqa: F401  (re-exported)
 from .laws import OtmError, check_k, check_law
 from .race_quadrature import default_step, race_grid, trapezoid, weights
 from .race_window import MARGIN, TIE, add_clocks, window_inside
@@ -135,9 +136,6 @@ QUADRATURE_TOLERANCE = 1e-10
 
 CHECK_TOLERANCE = 1e-10
 """Largest accepted difference between the two fast computations of Q at the minimiser (otherwise the reference scan runs)."""
-
-BRUTE_FORCE_MAX_V = 20
-"""Largest vocabulary :func:`brute_force_optimum` enumerates (``2^V`` subsets)."""
 
 _BLOCK = 256  # tokens per block in the race scan (bounds the [block, grid] buffers)
 
@@ -612,7 +610,7 @@ def optimal_acceptance_of(scheme: Scheme, target, *, step: float | None = None, 
             f"no closed form for the {scheme.name} scheme and V={scheme.V} is above the brute-force "
             f"limit {BRUTE_FORCE_MAX_V}: use otm.lp.solve_lp"
         )
-    value, H = _brute_force(scheme, target)
+    value, H = brute_force_cut(scheme, target)
     return Optimum(value=value, scheme=scheme.name, k=scheme.k, H=H, method="brute_force")
 
 
@@ -652,70 +650,3 @@ def optimal_acceptance(target, draft, k: int, scheme: str = "iid") -> float:
     target = check_law(target, "target")
     draft = check_law(draft, "draft", size=target.size)
     return optimal_acceptance_of(make_scheme(scheme, draft, k), target).value
-
-
-# -----------------------------------------------------------------------------
-# the reference
-# -----------------------------------------------------------------------------
-def _zeta(f: np.ndarray, V: int) -> np.ndarray:
-    """Subset sums ``g[H] = sum_{S subset of H} f[S]`` over bitmasks, in place, O(V 2^V)."""
-    for bit in range(V):
-        view = f.reshape(-1, 2, 1 << bit)
-        view[:, 1, :] += view[:, 0, :]
-    return f
-
-
-def _brute_force(scheme: Scheme, target: np.ndarray) -> tuple[float, np.ndarray]:
-    V = scheme.V
-    if V > BRUTE_FORCE_MAX_V:
-        raise OtmError(
-            f"brute_force_optimum enumerates all 2^V subsets: V={V} is above the limit {BRUTE_FORCE_MAX_V}"
-        )
-    tuples, probs = scheme.enumerate()
-    masks = np.bitwise_or.reduce(np.left_shift(np.int64(1), tuples), axis=1)
-    inside = _zeta(np.bincount(masks, weights=probs, minlength=1 << V).astype(np.float64), V)
-    mass = np.zeros(1 << V)
-    mass[1 << np.arange(V)] = target
-    mass = _zeta(mass, V)
-    values = mass + (1.0 - inside)
-    h = int(np.argmin(values))
-    H = ((h >> np.arange(V)) & 1).astype(bool)
-    return float(values[h]), H
-
-
-def brute_force_optimum(scheme: Scheme, target) -> float:
-    r"""Reference :math:`\alpha^*`: the minimum over all :math:`2^V` subsets.
-
-    .. math::
-
-        \alpha^* = \min_{H \subseteq \Sigma}\; p(H) + 1 - Q(H), \qquad
-        Q(H) = \sum_{S \subseteq H} P(\mathrm{set}(\bar X) = S),
-
-    with the set law from :meth:`Scheme.enumerate` and :math:`Q` by a
-    subset-sum (zeta) transform over bitmasks, :math:`O(V 2^V)`. Any scheme,
-    :class:`otm.schemes.Table` included.
-
-    Parameters
-    ----------
-    scheme : Scheme
-    target : array_like, shape (V,)
-
-    Returns
-    -------
-    alpha : float
-
-    Raises
-    ------
-    OtmError
-        If ``V > 20`` (:data:`BRUTE_FORCE_MAX_V`) or the enumeration is too large.
-
-    Examples
-    --------
-    >>> from otm.schemes import IID, Table
-    >>> round(brute_force_optimum(IID([0.2, 0.2, 0.6], 2), [0.5, 0.3, 0.2]), 6)
-    0.84
-    >>> round(brute_force_optimum(Table([[0, 1], [2, 2]], [0.5, 0.5], V=3), [0.5, 0.3, 0.2]), 6)
-    0.7
-    """
-    target = check_target(scheme, target)
-    return _brute_force(scheme, target)[0]

@@ -20,7 +20,7 @@ draws its (i+1)-th token inside :math:`H` with conditional probability
 giving :math:`L_j \le \alpha^*(j) = P_j + 1 - Q(H_j) \le U_j`. A prefix with
 :math:`L_j > \min_i U_i` cannot be the minimiser.
 
-**1b. Heavy-token bounds** (:func:`heavy_bounds`). The upper bound :math:`(1 - c)^k` ignores
+**1b. Heavy-token bounds** (:mod:`otm.race_heavy`). The upper bound :math:`(1 - c)^k` ignores
 that a drafted heavy token leaves less mass to draw from: with one draft token of mass ~1 and
 the rest ~1e-14 it is ~1 at every prefix while Q is ~(q(H - a)/(1 - q_a))^{k-1}, so no prefix
 was excluded and 30-40 were evaluated directly on a grid of ~300 nodes. Following the (at most 3)
@@ -30,7 +30,7 @@ drafted mass only known to lie in [0, W_u] -- gives certified bounds on both sid
 survive step 1). Their lower bounds on Q lower the best value; their upper bounds are chord end
 points (step 2), so one round usually leaves a few hundred candidates around the minimiser.
 With more than 3 heavy tokens (four of 0.25 among masses of 1e-14: 42 ms), a second walk that
-counts the heavy drafts instead of naming them (:func:`heavy_count_bounds`, exact for equal heavy
+counts the heavy drafts instead of naming them (:func:`~otm.race_heavy.heavy_count_bounds`, exact for equal heavy
 masses) is evaluated too, and the tighter of the two bounds kept.
 
 **2. Chords.** :math:`Q(H_j)` is non-decreasing in j (the sets are nested) and, by the
@@ -104,6 +104,8 @@ from functools import lru_cache
 
 import numpy as np
 
+# Heavy and heavy_tokens are re-exported (the heavy-token bounds lived here)
+from .race_heavy import Heavy, heavy_bounds, heavy_count_bounds, heavy_sets, heavy_tokens  # noqa: F401
 from .race_quadrature import race_grid, trapezoid, weights
 
 TAU = 0.5
@@ -137,22 +139,6 @@ TIE = 1e-13
 returned minimum is then within TIE of the exact prefix minimum (needed where thousands of prefixes
 tie with the minimum, e.g. Q and p both ~0 on a long run of tiny tokens)."""
 
-
-HEAVY_MIN = 1e-2
-"""Tokens with at least this draft mass (at most :data:`MAX_HEAVY` of them) are followed one by one
-by the heavy-token bounds (:func:`heavy_bounds`)."""
-
-MAX_HEAVY = 3
-
-HEAVY_TOTAL = 0.5
-"""The heavy tokens are used only when they hold at least this much mass together: the bounds then
-differ from those of step 1 by factors up to 1 / (1 - q(A)) in the complement terms; below, the
-rounds cost more than they save (peaked laws with a top mass of 0.1)."""
-
-HEAVY_MIN_MANY = 0.05
-"""With more than :data:`MAX_HEAVY` tokens of at least this mass (together >= ``HEAVY_TOTAL``), the
-count-only bounds (:func:`heavy_count_bounds`) are used as well."""
-
 HEAVY_SAMPLES = 64
 """Prefixes per round at which :func:`heavy_bounds` is evaluated (spread evenly over the candidates)."""
 
@@ -161,188 +147,6 @@ HEAVY_ROUNDS = 4
 
 HEAVY_FROM = 2 * WINDOW
 """The heavy-token bounds are used only when more candidate prefixes than this survive the cheap bounds."""
-
-
-@dataclass
-class Heavy:
-    """What :func:`heavy_bounds` needs, computed once per law (positions are in the ratio order)."""
-
-    pos: np.ndarray  # [m] positions of the heavy tokens A
-    mass: np.ndarray  # [m] their masses
-    r: np.ndarray  # [n + 1] q(H_j minus A), summed from the light tokens only
-    out: np.ndarray  # [n + 1] q(complement of H_j minus A), likewise
-    W: np.ndarray  # [k] W_u = sum of the u largest light masses
-    delta: float  # relative rounding bound of every sum above
-
-
-def heavy_tokens(qp: np.ndarray, k: int) -> Heavy | None:
-    """The heavy tokens of ``qp`` (at most ``min(MAX_HEAVY, k - 1)`` masses >= ``HEAVY_MIN``), or None
-    when there are none or they hold less than ``HEAVY_TOTAL`` together."""
-    n = qp.size
-    m = min(MAX_HEAVY, k - 1, n)
-    if m <= 0:
-        return None
-    top = np.argpartition(qp, n - m)[n - m :]
-    top = top[qp[top] >= HEAVY_MIN]
-    if top.size == 0 or float(qp[top].sum()) < HEAVY_TOTAL:
-        return None
-    return _heavy_set(qp, k, top)
-
-
-def _heavy_set(qp: np.ndarray, k: int, top: np.ndarray) -> Heavy:
-    """:class:`Heavy` for the heavy positions ``top`` (the light arrays exclude them)."""
-    n = qp.size
-    top = np.sort(top)
-    light = qp.copy()
-    light[top] = 0.0
-    r = np.zeros(n + 1)
-    np.cumsum(light, out=r[1:])
-    out = np.zeros(n + 1)
-    out[:n] = np.cumsum(light[::-1])[::-1]
-    big = np.sort(np.partition(light, max(n - (k - 1), 0))[max(n - (k - 1), 0) :])[::-1]
-    W = np.zeros(k)
-    W[1 : big.size + 1] = np.cumsum(big)[: k - 1]
-    W[big.size + 1 :] = W[big.size]
-    return Heavy(pos=top, mass=qp[top].copy(), r=r, out=out, W=W, delta=(n + 4 * k + 16) * EPS)
-
-
-def heavy_sets(qp: np.ndarray, k: int) -> list[tuple[str, Heavy]]:
-    """The heavy-token bounds to use on ``qp``: ``("subset", A)`` with the at most
-    ``min(MAX_HEAVY, k - 1)`` largest masses >= ``HEAVY_MIN`` when they hold at least
-    ``HEAVY_TOTAL``; and ``("count", A)`` with every mass >= ``HEAVY_MIN_MANY`` (at most
-    ``4 k``) when there are more than ``MAX_HEAVY`` of them holding at least ``HEAVY_TOTAL``."""
-    n = qp.size
-    sets = []
-    hv = heavy_tokens(qp, k)
-    if hv is not None:
-        sets.append(("subset", hv))
-    m = min(4 * k, n)
-    top = np.argpartition(qp, n - m)[n - m :]
-    top = top[qp[top] >= HEAVY_MIN_MANY]
-    if top.size > MAX_HEAVY and float(qp[top].sum()) >= HEAVY_TOTAL:
-        sets.append(("count", _heavy_set(qp, k, top)))
-    return sets
-
-
-def heavy_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""Certified bounds ``lo <= Q(H_j) <= hi`` at the prefixes ``js``, following the heavy tokens A exactly.
-
-    Successive sampling is a walk over states (S, u): S the heavy tokens drawn so far, u the
-    number of light (non-A) tokens drawn, every draw so far in H. From (S, u) the next draw is
-    a in (A ∩ H) minus S with probability q_a / (x + y), and a light token of H with probability
-    x / (x + y), where x = q(H minus A) - d, y = q(A minus S) + q(complement minus A), and d the
-    mass of the u light drafts: 0 <= d <= W_u (the u largest light masses) and d <= q(H minus A).
-    Hence, with V(S, u) = 1 when |S| + u = k,
-
-    .. math::
-
-        V(S, u) = \frac{\alpha + x \beta}{x + y},\qquad
-        \alpha = \sum_{a \in (A \cap H) \setminus S} q_a V(S + a, u),\quad \beta = V(S, u + 1),
-
-    and Q(H) = V(∅, 0). The right side is monotone in x (a Möbius map), so its extremes over
-    the interval of x lie at the ends: taking the larger (smaller) end at every state gives an
-    upper (lower) bound, by induction over the states (the map is non-decreasing in α and β).
-    Without heavy tokens this is exactly (1 - c)^k and prod_i (1 - c/(1 - S_i)) (module
-    docstring, step 1); with a dominant token a (q_a ~ 1) the upper bound becomes about
-    q_a (q(H - a)/(1 - q_a))^{k-1} instead of ~1. Every sum is of non-negative terms; their
-    rounding (``hv.delta`` relative) widens the interval of x and y, and the results are moved
-    by a further 16 k eps. Upper and lower bounds are carried together as rows 0 and 1 of
-    arrays of shape (2, len(js)).
-    """
-    js = np.asarray(js, dtype=np.int64)
-    m = hv.pos.size
-    dl = hv.delta
-    inH = (hv.pos[:, None] < js[None, :]) * hv.mass[:, None]  # [m, J]: q_a where a is in H_j
-    r = hv.r[js]
-    out = hv.out[js]
-    widen = np.array([[1 - dl], [1 + dl]])  # y: smaller for the upper bound, larger for the lower
-    x_top = r * (1 + dl)
-    x_bot = [np.maximum(r - W - dl * (r + W), 0.0) for W in hv.W]  # per u
-    V: dict = {}
-    one = np.ones((2, js.size))
-    full = (1 << m) - 1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for S in range(full, -1, -1):  # supersets first
-            size = bin(S).count("1")
-            free = [a for a in range(m) if not S >> a & 1]
-            y = (float(sum(hv.mass[a] for a in free)) + out) * widen  # [2, J]
-            den_top = x_top + y
-            for u in range(k - size, -1, -1):
-                if size + u == k:
-                    V[S, u] = one
-                    continue
-                alpha = np.zeros((2, js.size))
-                for a in free:
-                    alpha += inH[a] * V[S | 1 << a, u]
-                beta = V[S, u + 1]
-                g1 = (alpha + x_top * beta) / den_top
-                g2 = (alpha + x_bot[u] * beta) / (x_bot[u] + y)
-                v = np.stack([np.fmax(g1[0], g2[0]), np.fmin(g1[1], g2[1])])
-                v[np.isnan(v)] = 0.0
-                v[0, np.isnan(g1[0]) & np.isnan(g2[0])] = 1.0  # no mass left: impossible state, 1 is safe
-                V[S, u] = v
-    hi = np.minimum(V[0, 0][0] * (1 + 16 * k * EPS), 1.0)
-    lo = np.maximum(V[0, 0][1] * (1 - 16 * k * EPS), 0.0)
-    return lo, hi
-
-
-def heavy_count_bounds(hv: Heavy, k: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""Certified bounds ``lo <= Q(H_j) <= hi`` following only *how many* heavy tokens were drafted.
-
-    The walk of :func:`heavy_bounds` with states (h, u): h heavy and u light drafts, all in H.
-    The heavy mass left in H, z, lies between the sums of the :math:`n_A - h` smallest and
-    largest heavy masses of H (:math:`n_A` = their number), the light mass left x in
-    :math:`[q(H \setminus A) - W_u, q(H \setminus A)]`, and y = q(A minus H) + q(complement minus A)
-    is fixed, so
-
-    .. math::
-
-        V(h, u) = \frac{z\, V(h + 1, u) + x\, V(h, u + 1)}{x + z + y},
-
-    a linear-fractional map of (x, z): its extremes over the box lie at its four corners. Exact
-    when the heavy tokens of H have equal masses (four tokens of 0.25 among masses of 1e-14),
-    where following subsets would need 2^{n_A} states. Rounding as in :func:`heavy_bounds`.
-    """
-    js = np.asarray(js, dtype=np.int64)
-    dl = hv.delta
-    inH = hv.pos[:, None] < js[None, :]  # [m, J]
-    nA = inH.sum(axis=0)  # heavy tokens in H_j
-    vals = -np.sort(-np.where(inH, hv.mass[:, None], 0.0), axis=0)  # [m, J], H's heavy masses first, descending
-    m = vals.shape[0]
-    largest = np.zeros((m + 1, js.size))  # largest[t] = sum of the t largest heavy masses of H
-    np.cumsum(vals, axis=0, out=largest[1:])
-    rest = np.zeros((m + 1, js.size))  # rest[h] = sum of vals[h:] = all but the h largest
-    rest[:m] = np.cumsum(vals[::-1], axis=0)[::-1]
-    cols = np.arange(js.size)
-    r = hv.r[js]
-    y0 = hv.mass @ (~inH) + hv.out[js]  # heavy mass outside H plus light mass outside H
-    y = y0 * np.array([[1 - dl], [1 + dl]])  # [2, J]: smaller for the upper bound
-    x_top = r * (1 + dl)
-    x_bot = [np.maximum(r - W - dl * (r + W), 0.0) for W in hv.W]
-    V: dict = {}
-    one = np.ones((2, js.size))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for h in range(k, -1, -1):
-            left = np.maximum(nA - h, 0)  # heavy tokens of H not yet drafted
-            z_hi = largest[left, cols] * (1 + dl)  # the largest ones left
-            z_lo = rest[np.minimum(h, m), cols] * (1 - dl)  # the smallest ones left
-            z_lo = np.where(h <= nA, z_lo, 0.0)
-            for u in range(k - h, -1, -1):
-                if h + u == k:
-                    V[h, u] = one
-                    continue
-                a, b = V.get((h + 1, u), one), V[h, u + 1]
-                corners = [
-                    (z * a + x * b) / (x + z + y) for x in (x_top, x_bot[u]) for z in (z_hi, z_lo)
-                ]
-                g = np.stack(corners)  # [4, 2, J]
-                v = np.stack([np.fmax.reduce(g[:, 0], axis=0), np.fmin.reduce(g[:, 1], axis=0)])
-                v[0, np.isnan(v[0])] = 1.0  # 0/0 at every corner: no mass left, an impossible state
-                v[1, np.isnan(v[1])] = 0.0
-                V[h, u] = v
-    hi = np.minimum(V[0, 0][0] * (1 + 16 * k * EPS), 1.0)
-    lo = np.maximum(V[0, 0][1] * (1 - 16 * k * EPS), 0.0)
-    return lo, hi
 
 
 def ek_bound(qH: np.ndarray, k: int, m: int | None = None) -> float:
@@ -565,6 +369,193 @@ def _quadrature(F: np.ndarray, c: np.ndarray, y: np.ndarray) -> tuple[np.ndarray
     return trapezoid(weights(c, y), F, float(y[1] - y[0]))
 
 
+@dataclass
+class PrefixSearch:
+    """What :func:`window_inside` knows about the prefixes ``H_0 .. H_n`` of one law as it narrows them down.
+
+    Fixed for the law: ``qp`` (positive draft masses in ratio order), ``k``, ``c`` (complement masses
+    c_j), ``P`` (target masses P_j), ``L`` (the lower bounds of step 1) and ``rest`` (1 - S_i, the mass
+    left after the i largest). Filled in place: ``inside`` and ``error`` (Q(H_j) and its quadrature
+    estimate where computed, NaN elsewhere), ``q_up`` (heavy-token upper bounds on Q, NaN elsewhere).
+    Updated as the search goes: ``use_heavy`` (lower bounds also take chords through ``q_up``),
+    ``u_min`` (the least upper bound U_j found), ``attained`` (the least value of a computed prefix) and
+    ``best`` (the least upper bound on the minimum).
+    """
+
+    qp: np.ndarray
+    k: int
+    c: np.ndarray
+    P: np.ndarray
+    L: np.ndarray
+    rest: np.ndarray
+    inside: np.ndarray
+    error: np.ndarray
+    q_up: np.ndarray
+    use_heavy: bool = False
+    u_min: float = math.inf
+    attained: float = math.inf
+    best: float = math.inf
+
+    @classmethod
+    def start(cls, qp: np.ndarray, pt: np.ndarray, k: int) -> PrefixSearch:
+        """Step 1's bounds; Q known only below k tokens (0) and on the whole support (1)."""
+        n = qp.size
+        c = np.zeros(n + 1)
+        c[:n] = np.cumsum(qp[::-1])[::-1]
+        P = np.zeros(n + 1)
+        np.cumsum(pt, out=P[1:])
+        inside = np.full(n + 1, np.nan)
+        error = np.zeros(n + 1)
+        inside[:k] = 0.0  # fewer than k tokens
+        inside[n] = 1.0  # the whole support
+        q_up = np.full(n + 1, np.nan)  # heavy-token upper bounds on Q at some prefixes (NaN elsewhere)
+        with np.errstate(divide="ignore"):
+            L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
+        part = np.partition(qp, n - (k - 1))
+        top = np.sort(part[n - (k - 1) :])[::-1]  # the k - 1 largest masses
+        rest = part[: n - (k - 1)].sum() + np.array([top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
+        s = cls(qp=qp, k=k, c=c, P=P, L=L, rest=rest, inside=inside, error=error, q_up=q_up)
+        s.u_min = float(s.upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha*
+        s.attained = s.least_computed()
+        s.best = min(s.u_min, s.attained)
+        return s
+
+    def upper_bounds(self, js: np.ndarray) -> np.ndarray:
+        """U_j = P_j + 1 - prod_i (1 - c_j / (1 - S_i))_+ >= alpha*(j)."""
+        with np.errstate(divide="ignore", over="ignore"):  # c / rest may overflow: the factor is then 0
+            log_low = np.log1p(-np.minimum(1.0, self.c[js, None] / self.rest[None, :])).sum(axis=1)
+        return self.P[js] - np.expm1(log_low)
+
+    def lower_bounds(self, js: np.ndarray) -> np.ndarray:
+        """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
+        computed prefixes a < j < b around j (Q is convex in it: module docstring, step 2)."""
+        lb = np.maximum(self.L[js], self.P[js] + 1 - chords(self.qp, self.inside, js))
+        if self.use_heavy:  # chords between upper bounds too: exact values, else heavy-token bounds
+            known = np.where(np.isnan(self.inside), self.q_up, self.inside)
+            lb = np.maximum(lb, self.P[js] + 1 - chords(self.qp, known, js))
+        return lb
+
+    def is_open(self, lb: np.ndarray) -> np.ndarray:
+        """Prefixes still in the running: their bound may beat the best value (with MARGIN against
+        rounding), and may beat the least computed value by more than TIE (else the returned minimum
+        is within TIE of theirs)."""
+        return (lb <= self.best + MARGIN) & (lb < self.attained - TIE)
+
+    def least_computed(self) -> float:
+        """The least ``P_j + 1 - Q(H_j)`` over the prefixes where Q is known."""
+        known = ~np.isnan(self.inside)
+        return float(np.min(self.P[known] + 1 - self.inside[known]))
+
+
+def chords(qp: np.ndarray, vals: np.ndarray, js: np.ndarray) -> np.ndarray:
+    """Upper bound on Q(H_j) at the sorted prefixes ``js`` from the chord between the prefixes around j
+    where ``vals`` (upper bounds on Q, or Q itself; NaN where unknown) is known.
+
+    The masses q(H_j minus H_a) are summed from a within each gap, so their relative rounding is
+    at most (b - a) eps however small they are next to q(H_a); that bound is added to the chord.
+    """
+    if js.size == 0:
+        return np.empty(0)
+    ev = np.flatnonzero(~np.isnan(vals))
+    i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
+    a, b = ev[i - 1], ev[i]
+    chord = np.empty(js.size)
+    cut = np.flatnonzero(np.diff(a)) + 1  # js is sorted: the gaps are runs of equal a
+    for lo_, hi_ in zip(np.concatenate([[0], cut]), np.concatenate([cut, [js.size]])):
+        sel = slice(int(lo_), int(hi_))
+        ga, gb = int(a[lo_]), int(b[lo_])
+        local = np.cumsum(qp[ga:gb])  # local[j - a - 1] = q(H_j) - q(H_a)
+        frac = local[js[sel] - ga - 1] / local[-1]
+        rise = vals[gb] - vals[ga]
+        chord[sel] = vals[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
+    return chord
+
+
+def split_run(s_lo: int, s_hi: int) -> list[int]:
+    """Prefixes to evaluate so that the run s_lo..s_hi falls into gaps of about WINDOW (at most SPLIT at once)."""
+    m = min(SPLIT, int(np.ceil((s_hi - s_lo + 1) / WINDOW)))
+    return np.unique(np.linspace(s_lo - 1, s_hi, m + 1).round().astype(np.int64)).tolist()
+
+
+def heavy_rounds(s: PrefixSearch, cand: np.ndarray, info: Window) -> np.ndarray:
+    """Step 1b: heavy-token bounds at prefixes spread over the candidates ``cand``, for up to
+    :data:`HEAVY_ROUNDS` rounds while more than :data:`HEAVY_FROM` candidates are left. Their lower
+    bounds on Q lower ``s.u_min`` and ``s.best``; their upper bounds go to ``s.q_up`` as chord end
+    points (Q is convex in the mass). Returns the candidates still open."""
+    hsets = heavy_sets(s.qp, s.k) if cand.size > HEAVY_FROM else []
+    for _ in range(HEAVY_ROUNDS if hsets else 0):
+        js = np.unique(cand[np.linspace(0, cand.size - 1, HEAVY_SAMPLES).round().astype(np.int64)])
+        q_lo, q_hi = np.zeros(js.size), np.ones(js.size)
+        for kind, hv in hsets:  # every set gives valid bounds: keep the tightest
+            lo_, hi_ = (heavy_bounds if kind == "subset" else heavy_count_bounds)(hv, s.k, js)
+            q_lo, q_hi = np.maximum(q_lo, lo_), np.minimum(q_hi, hi_)
+        s.q_up[js] = np.fmin(s.q_up[js], q_hi)
+        s.use_heavy = True
+        s.u_min = min(s.u_min, float(np.min(s.P[js] + 1 - q_lo)))
+        s.best = min(s.u_min, s.attained)
+        info.heavy += js.size
+        before = cand.size
+        cand = cand[s.is_open(s.lower_bounds(cand))]
+        if cand.size <= HEAVY_FROM or cand.size > 0.5 * before:
+            break
+    return cand
+
+
+def evaluate(s: PrefixSearch, states: dict, J, y: np.ndarray, info: Window) -> None:
+    """Q(H_j) at the prefixes ``J`` on the grid ``y`` (step 3) into ``s.inside`` and ``s.error``, and each
+    one's race state (pmf, tail) into ``states[j]``."""
+    J = np.array(sorted(set(J)), dtype=np.int64)
+    pmf, tail = states_at(s.qp, J, y, s.k, info)
+    live = s.c[J] > 0
+    fine, err = _quadrature(tail[live], s.c[J][live], y)
+    for i, j in enumerate(J):
+        states[int(j)] = (pmf[i], tail[i])
+    Jl = J[live]
+    newv = np.where(np.isnan(s.inside[Jl]), fine, s.inside[Jl])
+    s.inside[Jl] = np.where(Jl < s.k, 0.0, newv)
+    s.error[Jl] = np.where(Jl < s.k, 0.0, err)
+    info.points.extend(int(j) for j in J)
+
+
+def plan_round(s: PrefixSearch, states: dict, surv: np.ndarray) -> tuple[list[int], list[tuple[int, int]]]:
+    """For the surviving prefixes ``surv``, grouped by the computed prefix a before each: ``(new, scans)``,
+    the prefixes to evaluate next (runs longer than WINDOW, or without a known state at a) and the
+    windows ``(a, b)`` to scan token by token (on to the next computed prefix b when that is within
+    2 WINDOW, so the scan meets a direct evaluation there: a check)."""
+    ev = np.flatnonzero(~np.isnan(s.inside))
+    left = ev[np.searchsorted(ev, surv, side="left") - 1]  # evaluated prefix before each survivor
+    new: list[int] = []
+    scans: list[tuple[int, int]] = []
+    for a in np.unique(left):
+        group = surv[left == a]
+        s_lo, s_hi = int(group.min()), int(group.max())
+        if s_hi - a <= WINDOW and int(a) in states:
+            b = int(ev[np.searchsorted(ev, s_hi)])  # the computed prefix after the run
+            scans.append((int(a), b if (b in states and b - a <= 2 * WINDOW) else s_hi))
+        else:
+            new.extend(split_run(s_lo, s_hi))
+    return new, scans
+
+
+def scan_window(s: PrefixSearch, states: dict, a: int, b: int, t: np.ndarray, y: np.ndarray, info: Window) -> None:
+    """Step 4: Q(H_j) for a < j <= b by the token-by-token update from the state at a; where b (or any j)
+    was computed directly too, the largest difference goes to ``info.check``."""
+    pmf0, tail0 = states[a]
+    F = scan(pmf0, tail0, s.qp[a:b], t)
+    js = np.arange(a + 1, b + 1)
+    live = s.c[js] > 0
+    fine, err = _quadrature(F[live], s.c[js][live], y)
+    jl = js[live]
+    was = s.inside[jl]
+    hit = ~np.isnan(was)
+    if hit.any():
+        info.check = max(info.check, float(np.abs(was[hit] - fine[hit]).max()))
+        info.checked += 1
+    s.inside[jl] = np.where(jl < s.k, 0.0, fine)
+    s.error[jl] = np.where(jl < s.k, 0.0, err)
+    info.windows.append((a, b))
+
+
 def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, step: float):
     r"""Certified minimum of ``P_j + 1 - Q(H_j)`` over the prefixes of the positive draft masses ``qp``.
 
@@ -574,175 +565,49 @@ def window_inside(qp: np.ndarray, pt: np.ndarray, k: int, step: float):
     ``inside[j]`` is :math:`Q(H_j)` where it was computed (NaN elsewhere), ``error`` the per-prefix
     quadrature estimate, or ``None`` when the grid would need ``t > e^700`` (then the caller uses the
     reference scan). Every prefix left at NaN has a lower bound above the returned minimum
-    (module docstring, steps 1-2).
+    (module docstring, steps 1-2). The state of the search is a :class:`PrefixSearch`.
     """
     n = qp.size
     info = Window()
-    c = np.zeros(n + 1)
-    c[:n] = np.cumsum(qp[::-1])[::-1]
-    P = np.zeros(n + 1)
-    np.cumsum(pt, out=P[1:])
-    inside = np.full(n + 1, np.nan)
-    error = np.zeros(n + 1)
-    inside[:k] = 0.0  # fewer than k tokens
-    inside[n] = 1.0  # the whole support
-    q_up = np.full(n + 1, np.nan)  # heavy-token upper bounds on Q at some prefixes (NaN elsewhere)
-    heavy_used = False
-    with np.errstate(divide="ignore"):
-        L = P - np.expm1(k * np.log1p(-np.minimum(c, 1.0)))  # Q <= (1 - c)^k; c <= 1 up to rounding
-    part = np.partition(qp, n - (k - 1))
-    top = np.sort(part[n - (k - 1) :])[::-1]  # the k - 1 largest masses
-    rest = part[: n - (k - 1)].sum() + np.array([top[i:].sum() for i in range(k)])  # 1 - S_i, no cancellation
-
-    def upper_bounds(js: np.ndarray) -> np.ndarray:
-        """U_j = P_j + 1 - prod_i (1 - c_j / (1 - S_i))_+ >= alpha*(j)."""
-        with np.errstate(divide="ignore", over="ignore"):  # c / rest may overflow: the factor is then 0
-            log_low = np.log1p(-np.minimum(1.0, c[js, None] / rest[None, :])).sum(axis=1)
-        return P[js] - np.expm1(log_low)
-
-    U_min = float(upper_bounds(np.arange(0, n + 1, 16)).min())  # a first upper bound on alpha* (the least U_j below)
-
-    def lower_bounds(js: np.ndarray) -> np.ndarray:
-        """max(L_j, P_j + 1 - chord_j): the chord of Q, as a function of the draft mass, between the
-        computed prefixes a < j < b around j (Q is convex in it: module docstring, step 2).
-
-        The masses q(H_j minus H_a) are summed from a within each gap, so their relative rounding is
-        at most (b - a) eps however small they are next to q(H_a); that bound is taken off the chord.
-        """
-        lb = np.maximum(L[js], P[js] + 1 - chords(inside, js))
-        if heavy_used:  # chords between upper bounds too: exact values, else heavy-token bounds
-            lb = np.maximum(lb, P[js] + 1 - chords(np.where(np.isnan(inside), q_up, inside), js))
-        return lb
-
-    def chords(vals: np.ndarray, js: np.ndarray) -> np.ndarray:
-        """Upper bound on Q(H_j) from the chord between the prefixes around j where ``vals`` (upper
-        bounds on Q, or Q itself) is known."""
-        if js.size == 0:
-            return np.empty(0)
-        ev = np.flatnonzero(~np.isnan(vals))
-        i = np.searchsorted(ev, js, side="left").clip(1, ev.size - 1)
-        a, b = ev[i - 1], ev[i]
-        chord = np.empty(js.size)
-        cut = np.flatnonzero(np.diff(a)) + 1  # js is sorted: the gaps are runs of equal a
-        for lo_, hi_ in zip(np.concatenate([[0], cut]), np.concatenate([cut, [js.size]])):
-            sel = slice(int(lo_), int(hi_))
-            ga, gb = int(a[lo_]), int(b[lo_])
-            local = np.cumsum(qp[ga:gb])  # local[j - a - 1] = q(H_j) - q(H_a)
-            frac = local[js[sel] - ga - 1] / local[-1]
-            rise = vals[gb] - vals[ga]
-            chord[sel] = vals[ga] + frac * rise + 4 * (gb - ga) * EPS * rise
-        return chord
-
-    known = ~np.isnan(inside)
-    attained = float(np.min(P[known] + 1 - inside[known]))  # the least value of a computed prefix
-    best = min(U_min, attained)
-
-    def open_(lb: np.ndarray) -> np.ndarray:
-        """Prefixes still in the running: their bound may beat the best value (with MARGIN against
-        rounding), and may beat the least computed value by more than TIE (else the returned minimum
-        is within TIE of theirs)."""
-        return (lb <= best + MARGIN) & (lb < attained - TIE)
-
-    cand = np.flatnonzero(~known & open_(L))
-    hsets = heavy_sets(qp, k) if cand.size > HEAVY_FROM else []
-    for _ in range(HEAVY_ROUNDS if hsets else 0):
-        # heavy-token bounds at prefixes spread over the candidates: their lower bounds on Q lower
-        # the best value, their upper bounds on Q are chord end points (Q is convex in the mass)
-        js = np.unique(cand[np.linspace(0, cand.size - 1, HEAVY_SAMPLES).round().astype(np.int64)])
-        q_lo, q_hi = np.zeros(js.size), np.ones(js.size)
-        for kind, hv in hsets:  # every set gives valid bounds: keep the tightest
-            lo_, hi_ = (heavy_bounds if kind == "subset" else heavy_count_bounds)(hv, k, js)
-            q_lo, q_hi = np.maximum(q_lo, lo_), np.minimum(q_hi, hi_)
-        q_up[js] = np.fmin(q_up[js], q_hi)
-        heavy_used = True
-        U_min = min(U_min, float(np.min(P[js] + 1 - q_lo)))
-        best = min(U_min, attained)
-        info.heavy += js.size
-        before = cand.size
-        cand = cand[open_(lower_bounds(cand))]
-        if cand.size <= HEAVY_FROM or cand.size > 0.5 * before:
-            break
-    U_min = min(U_min, float(upper_bounds(cand).min(initial=np.inf)))  # the least U_j (the others have L_j above)
-    best = min(U_min, attained)
-    cand = cand[open_(lower_bounds(cand))]
+    s = PrefixSearch.start(qp, pt, k)
+    cand = np.flatnonzero(np.isnan(s.inside) & s.is_open(s.L))
+    cand = heavy_rounds(s, cand, info)
+    s.u_min = min(s.u_min, float(s.upper_bounds(cand).min(initial=np.inf)))  # the least U_j (the others have L_j above)
+    s.best = min(s.u_min, s.attained)
+    cand = cand[s.is_open(s.lower_bounds(cand))]
     if cand.size == 0:
-        return inside, error, info
-    # every prefix evaluated below lies in [cand.min() - 1, cand.max()] (split's left ends): its
+        return s.inside, s.error, info
+    # every prefix evaluated below lies in [cand.min() - 1, cand.max()] (split_run's left ends): its
     # complement mass is at least c[cand.max()] (upper cut) and c e_k(q_H) at most the bound (lower cut)
-    ce_max = float(c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k)
-    y = race_grid(k, float(c[cand.max()]), step, ce_max)
+    ce_max = float(s.c[max(int(cand.min()) - 1, 0)]) * ek_bound(qp[: cand.max()], k)
+    y = race_grid(k, float(s.c[cand.max()]), step, ce_max)
     if y[-1] > 700.0:
         return None
     t = np.exp(y)
     info.nodes = y.size
-    states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def evaluate(J):
-        J = np.array(sorted(set(J)), dtype=np.int64)
-        pmf, tail = states_at(qp, J, y, k, info)
-        live = c[J] > 0
-        fine, err = _quadrature(tail[live], c[J][live], y)
-        for i, j in enumerate(J):
-            states[int(j)] = (pmf[i], tail[i])
-        Jl = J[live]
-        newv = np.where(np.isnan(inside[Jl]), fine, inside[Jl])
-        inside[Jl] = np.where(Jl < k, 0.0, newv)
-        error[Jl] = np.where(Jl < k, 0.0, err)
-        info.points.extend(int(j) for j in J)
-
-    def split(s_lo: int, s_hi: int) -> list[int]:
-        """Prefixes to evaluate so that the run s_lo..s_hi falls into gaps of about WINDOW (at most SPLIT at once)."""
-        m = min(SPLIT, int(np.ceil((s_hi - s_lo + 1) / WINDOW)))
-        return np.unique(np.linspace(s_lo - 1, s_hi, m + 1).round().astype(np.int64)).tolist()
-
-    scans: list[tuple[int, int]] = []
-    evaluate([max(j, 0) for j in split(int(cand.min()), int(cand.max()))])
-    heavy_used = False  # from here on the exact values' chords are the ones that matter (and cost less)
+    states: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # prefix -> its race state (pmf, tail) on the grid
+    evaluate(s, states, [max(j, 0) for j in split_run(int(cand.min()), int(cand.max()))], y, info)
+    s.use_heavy = False  # from here on the exact values' chords are the ones that matter (and cost less)
+    scans: list[tuple[int, int]] = []  # the windows planned by the last round that had survivors
     while True:
         info.rounds += 1
-        done = ~np.isnan(inside)
-        attained = float(np.min(P[done] + 1 - inside[done]))
-        best = min(best, attained)
-        ev = np.flatnonzero(done)
-        cand = cand[np.isnan(inside[cand])]
-        surv = cand[open_(lower_bounds(cand))]
+        s.attained = s.least_computed()
+        s.best = min(s.best, s.attained)
+        cand = cand[np.isnan(s.inside[cand])]
+        surv = cand[s.is_open(s.lower_bounds(cand))]
         if surv.size == 0:
             break
-        left = ev[np.searchsorted(ev, surv, side="left") - 1]  # evaluated prefix before each survivor
-        new: list[int] = []
-        scans = []
-        for a in np.unique(left):
-            group = surv[left == a]
-            s_lo, s_hi = int(group.min()), int(group.max())
-            if s_hi - a <= WINDOW and int(a) in states:
-                b = int(ev[np.searchsorted(ev, s_hi)])  # the computed prefix after the run
-                # run on to b when cheap: the scan then meets a direct evaluation there (a check)
-                scans.append((int(a), b if (b in states and b - a <= 2 * WINDOW) else s_hi))
-            else:
-                new.extend(split(s_lo, s_hi))
+        new, scans = plan_round(s, states, surv)
         if not new:
             break
-        evaluate(new)
+        evaluate(s, states, new, y, info)
     for a, b in scans:
-        pmf0, tail0 = states[a]
-        F = scan(pmf0, tail0, qp[a:b], t)
-        js = np.arange(a + 1, b + 1)
-        live = c[js] > 0
-        fine, err = _quadrature(F[live], c[js][live], y)
-        jl = js[live]
-        was = inside[jl]
-        hit = ~np.isnan(was)
-        if hit.any():
-            info.check = max(info.check, float(np.abs(was[hit] - fine[hit]).max()))
-            info.checked += 1
-        inside[jl] = np.where(jl < k, 0.0, fine)
-        error[jl] = np.where(jl < k, 0.0, err)
-        info.windows.append((a, b))
+        scan_window(s, states, a, b, t, y, info)
     # without a window that ended on a direct evaluation, the minimiser is recomputed directly
-    done = ~np.isnan(inside)
-    j_best = int(np.flatnonzero(done)[np.argmin(P[done] + 1 - inside[done])])
+    done = ~np.isnan(s.inside)
+    j_best = int(np.flatnonzero(done)[np.argmin(s.P[done] + 1 - s.inside[done])])
     if not info.checked and j_best not in states and k <= j_best < n:
         _, tail = states_at(qp, np.array([j_best]), y, k, info)
-        direct, _ = _quadrature(tail, c[[j_best]], y)
-        info.check = max(info.check, abs(float(direct[0]) - float(inside[j_best])))
-    return inside, error, info
+        direct, _ = _quadrature(tail, s.c[[j_best]], y)
+        info.check = max(info.check, abs(float(direct[0]) - float(s.inside[j_best])))
+    return s.inside, s.error, info

@@ -565,7 +565,7 @@ def test_window_matches_reference_on_hypothesis_laws(laws, k):
 
 
 # -----------------------------------------------------------------------------
-# the heavy-token bounds and the raised lower cut of the race grid (otm.race_window)
+# the heavy-token bounds (otm.race_heavy) and the raised lower cut of the race grid (otm.race_window)
 # -----------------------------------------------------------------------------
 @st.composite
 def heavy_law(draw):
@@ -590,16 +590,16 @@ def test_heavy_bounds_bound_q_at_every_prefix(draft, k, rnd):
     # any choice of heavy tokens gives valid bounds: the selection thresholds are lifted here
     from unittest import mock
 
-    import otm.race_window as rw
+    import otm.race_heavy as rh
 
     assume(np.count_nonzero(draft) >= k)
     positive = [x for x in range(draft.size) if draft[x] > 0]
     order = np.array(rnd.sample(positive, len(positive)))
     qp = draft[order]
-    with mock.patch.multiple(rw, HEAVY_MIN=0.0, HEAVY_TOTAL=0.0):
-        hv = rw.heavy_tokens(qp, k)
+    with mock.patch.multiple(rh, HEAVY_MIN=0.0, HEAVY_TOTAL=0.0):
+        hv = rh.heavy_tokens(qp, k)
     assert hv is not None
-    heavy_bounds = rw.heavy_bounds
+    heavy_bounds = rh.heavy_bounds
     js = np.arange(qp.size + 1)
     lo, hi = heavy_bounds(hv, k, js)
     scheme = WithoutReplacement(draft, k)
@@ -626,7 +626,7 @@ def equal_heavy_law(draw):
        st.floats(0.0, 0.3))
 def test_heavy_count_bounds_bound_q_at_every_prefix(draft, k, rnd, threshold):
     # the count-only walk (any set of heavy tokens: every mass >= threshold) brackets Q(H_j)
-    import otm.race_window as rw
+    import otm.race_heavy as rh
 
     assume(np.count_nonzero(draft) >= k)
     positive = [x for x in range(draft.size) if draft[x] > 0]
@@ -634,7 +634,7 @@ def test_heavy_count_bounds_bound_q_at_every_prefix(draft, k, rnd, threshold):
     qp = draft[order]
     top = np.flatnonzero(qp >= threshold)
     assume(top.size > 0)
-    lo, hi = rw.heavy_count_bounds(rw._heavy_set(qp, k, top), k, np.arange(qp.size + 1))
+    lo, hi = rh.heavy_count_bounds(rh._heavy_set(qp, k, top), k, np.arange(qp.size + 1))
     scheme = WithoutReplacement(draft, k)
     for j in range(qp.size + 1):
         H = np.zeros(draft.size, dtype=bool)
@@ -647,7 +647,7 @@ def test_heavy_count_bounds_are_tight_for_equal_heavy_tokens():
     # four tokens of 0.25 among 1e-9 masses: following subsets of 3 heavy tokens leaves the fourth
     # in the light interval (loose); counting the heavy drafts is exact for equal masses, and the
     # bounds lie within 5% of the reference Q once H holds all four and hundreds of light tokens
-    import otm.race_window as rw
+    import otm.race_heavy as rh
 
     rng = np.random.default_rng(4)
     V, k = 2000, 6
@@ -656,10 +656,10 @@ def test_heavy_count_bounds_are_tight_for_equal_heavy_tokens():
     draft /= draft.sum()
     Q = prefix_membership(draft, k, np.arange(V)).inside
     js = np.arange(1000, V, 50)
-    lo, hi = rw.heavy_count_bounds(rw._heavy_set(draft, k, np.array([3, 50, 400, 900])), k, js)
+    lo, hi = rh.heavy_count_bounds(rh._heavy_set(draft, k, np.array([3, 50, 400, 900])), k, js)
     assert np.all(lo <= Q[js] * (1 + 1e-12)) and np.all(Q[js] <= hi * (1 + 1e-12))
     assert np.all(hi <= 1.05 * Q[js]) and np.all(lo >= 0.95 * Q[js])
-    kinds = [kind for kind, _ in rw.heavy_sets(draft, k)]
+    kinds = [kind for kind, _ in rh.heavy_sets(draft, k)]
     assert kinds == ["subset", "count"]
 
 
@@ -672,7 +672,7 @@ def test_heavy_bounds_are_tight_for_a_dominant_token():
     draft = np.full(V, 1e-9) * rng.uniform(0.5, 2, V)
     draft[2] = 1.0
     draft /= draft.sum()
-    from otm.race_window import heavy_bounds, heavy_tokens
+    from otm.race_heavy import heavy_bounds, heavy_tokens
 
     order = np.arange(V)
     Q = prefix_membership(draft, k, order).inside
@@ -724,12 +724,14 @@ def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
     # small V never reaches HEAVY_FROM candidates: force the heavy-token rounds on every law
     from unittest import mock
 
+    import otm.race_heavy as rh
     import otm.race_window as rw
 
     target, draft = laws
     assume(np.count_nonzero(draft) >= k)
     scheme = WithoutReplacement(draft, k)
-    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN=0.0, HEAVY_MIN_MANY=0.0, HEAVY_TOTAL=0.0):
+    with mock.patch.multiple(rw, HEAVY_FROM=0), \
+            mock.patch.multiple(rh, HEAVY_MIN=0.0, HEAVY_MIN_MANY=0.0, HEAVY_TOTAL=0.0):
         opt = optimal_acceptance_of(scheme, target, method="window")
     assert abs(opt.value - brute_force_optimum(scheme, target)) <= 1e-12
 
@@ -739,12 +741,13 @@ def test_window_with_heavy_bounds_forced_matches_brute_force(laws, k):
 def test_window_with_heavy_bounds_forced_matches_reference(laws, k):
     from unittest import mock
 
+    import otm.race_heavy as rh
     import otm.race_window as rw
 
     target, draft = laws
     assume(np.count_nonzero(draft) >= k)
     scheme = WithoutReplacement(draft, k)
-    with mock.patch.multiple(rw, HEAVY_FROM=0, HEAVY_MIN_MANY=0.01, HEAVY_TOTAL=0.0):
+    with mock.patch.multiple(rw, HEAVY_FROM=0), mock.patch.multiple(rh, HEAVY_MIN_MANY=0.01, HEAVY_TOTAL=0.0):
         fast = optimal_acceptance_of(scheme, target, method="window")
     ref = optimal_acceptance_of(scheme, target, method="reference")
     assert abs(fast.value - ref.value) <= 1e-12, (fast.value, ref.value, fast.note)

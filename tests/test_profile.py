@@ -1,4 +1,4 @@
-"""Tests of ``otm profile`` (otm/decode/profile.py, otm/decode/cli.py) on tiny random models.
+"""Tests of ``otm profile`` (otm/decode/profile/, otm/decode/cli.py) on tiny random models.
 
 Every number is recomputed from the library's closed forms on the very laws the profile used
 (alpha* by ``otm.optimum``, each verifier by ``otm.verifiers``), the decode check is rerun through
