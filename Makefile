@@ -25,7 +25,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not model and not research"
 
-# the research-only tests (analysis searches whose conclusions the docs quote): not run by make test
+# the research-only tests (short runs of analysis/research/, the searches whose conclusions the docs quote,
+# and the larger cases of some test files): not run by make test
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m research
 

@@ -9,8 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str):
-    """``analysis/<name>.py`` executed as a module named ``name``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "analysis" / f"{name}.py")
+    """``analysis/<name>.py`` executed as a module named after the file (``name`` may hold a folder:
+    ``research/wor_two_pass``)."""
+    spec = importlib.util.spec_from_file_location(Path(name).name, ROOT / "analysis" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

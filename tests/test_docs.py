@@ -1,8 +1,9 @@
 """The docs match the code: every ``python`` block of README.md and docs/api.md runs (in order, one
-namespace per file, as a reader would paste them), and every repository path the docs cite exists.
+namespace per file, as a reader would paste them), and every repository path the docs cite exists
+(README.md, every page of docs/ and the READMEs under analysis/).
 
 Blocks that would load the embedded models are written as ``text`` blocks, so nothing here reaches
-the model cache; the paths check covers README.md and every page of docs/.
+the model cache.
 """
 
 from __future__ import annotations
@@ -45,13 +46,18 @@ def cited_paths(text: str) -> set[str]:
     out = set()
     for raw in PATH.findall(text):
         path = raw.rstrip(".")
-        if any(c in path for c in "<>*") or path.endswith("/<name>.py"):
-            path = path.split("<")[0].split("*")[0]  # a pattern: its folder must exist
+        if any(c in path for c in "<>*"):
+            stem = path.split("<")[0].split("*")[0]
+            path = stem[: stem.rfind("/") + 1]  # a pattern: its folder must exist
         out.add(path)
     return out
 
 
-@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT))
+                               for p in [*(ROOT / "docs").glob("*.md"), *(ROOT / "analysis").rglob("README.md")])]
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_every_cited_path_exists(page):
     missing = sorted(p for p in cited_paths((ROOT / page).read_text()) if not (ROOT / p).exists())
     assert not missing, f"{page} cites paths that do not exist: {missing}"
@@ -59,6 +65,6 @@ def test_every_cited_path_exists(page):
 
 def test_the_path_check_sees_a_missing_path():
     """Negative control: a cited path that does not exist is found; patterns check their folder."""
-    found = cited_paths("see `otm/models.py` and `otm/verifiers/<name>.py` and `docs/api.md`.")
-    assert found == {"otm/models.py", "otm/verifiers/", "docs/api.md"}
+    found = cited_paths("`otm/models.py`, `otm/verifiers/<name>.py`, `tests/test_tree_rules_<rule>.py`, `docs/api.md`")
+    assert found == {"otm/models.py", "otm/verifiers/", "tests/", "docs/api.md"}
     assert [p for p in sorted(found) if not (ROOT / p).exists()] == ["otm/models.py"]

@@ -1,4 +1,4 @@
-"""``analysis/wor_two_pass.py`` (research, issue 15 item 3 part 2): the two-pass coins rule's law by the
+"""``analysis/research/wor_two_pass.py`` (research, issue 15 item 3 part 2): the two-pass coins rule's law by the
 race quadrature equals the enumerated law, and its Gauss-Seidel fit reaches alpha* on small cases."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.research  # a research script's check: make test-slow, 
 
 @pytest.fixture(scope="module")
 def tp():
-    return load_script("wor_two_pass")
+    return load_script("research/wor_two_pass")
 
 
 def _cases(n, seed):

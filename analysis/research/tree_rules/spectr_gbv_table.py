@@ -1,6 +1,6 @@
 """SpecTr-GBV against the one-step tree LP and other rules, exact values on toy LMs (issue 28).
 
-Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/tree_rules/spectr_gbv_table.py [--quick] [V,K,L ...]
+Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/research/tree_rules/spectr_gbv_table.py [--quick] [V,K,L ...]
 Prints a markdown table: per (V, K, L, seed) the LP optimum (i.i.d. rows), SpecTr-GBV's exact tokens per
 call (numpy law summed over every draft tuple; cross-checked with the real decoder's exact first step
 where that enumeration is small), the two candidate closed forms (1 + E[tau]), block (K = 1), traversal,

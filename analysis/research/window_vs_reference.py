@@ -10,7 +10,7 @@ window method skipped beats its value by more than 2e-13 in the reference (a pru
 window method may skip prefixes within TIE = 1e-13 of its minimum). Prints the number
 of cases and the largest difference.
 
-Usage: ``python analysis/window_vs_reference.py [--seed 1] [--seconds 300] [--max-log10-V 3.3]``
+Usage: ``python analysis/research/window_vs_reference.py [--seed 1] [--seconds 300] [--max-log10-V 3.3]``
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 import warnings
 
 import numpy as np
+from scipy.special import softmax
 
 from otm.optimum import optimal_acceptance_of
 from otm.schemes import WithoutReplacement
@@ -34,10 +35,7 @@ def family(rng: np.random.Generator, V: int) -> tuple[np.ndarray, np.ndarray]:
     if kind == 2:  # peaked, the draft correlated with the target
         z = rng.standard_normal(V)
         s = rng.uniform(1, 6)
-        p = np.exp(s * (z - z.max()))
-        q = np.exp(s * (0.9 * z + 0.44 * rng.standard_normal(V)))
-        q = q / q.max()
-        return p / p.sum(), q / q.sum()
+        return softmax(s * z), softmax(s * (0.9 * z + 0.44 * rng.standard_normal(V)))
     if kind == 3:  # one dominant draft token, the rest down to 1e-15
         q = rng.dirichlet(np.ones(V)) * 10 ** rng.uniform(-14, -1)
         q[rng.integers(V)] += 1

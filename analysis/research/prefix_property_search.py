@@ -17,7 +17,7 @@ over laws optimised (Nelder-Mead on logits) to break the claim:
 * ``slack(E)`` = min over (S, a, b) of the two sides' difference in (E), relative to their size
   (>= 0 up to rounding; a negative value beyond rounding would refute the lemma).
 
-Usage: ``python analysis/prefix_property_search.py [--seconds 600] [--seed 0]``
+Usage: ``python analysis/research/prefix_property_search.py [--seconds 600] [--seed 0]``
 """
 
 from __future__ import annotations
@@ -118,9 +118,7 @@ def draw(rng: np.random.Generator, family: str, V: int) -> tuple[np.ndarray, np.
         return dirichlet(a), dirichlet(a)
     if family == "peaked":
         z = rng.standard_normal(V)
-        p = np.exp(4 * z)
-        q = np.exp(4 * (0.8 * z + 0.6 * rng.standard_normal(V)))
-        return p / p.sum(), q / q.sum()
+        return softmax(4 * z), softmax(4 * (0.8 * z + 0.6 * rng.standard_normal(V)))
     if family == "near-tied":  # ratios within 1e-6 of each other, or exactly equal on groups
         q = dirichlet(1.0)
         p = q * (1 + rng.choice([0.0, 1e-9, 1e-6, 0.3], V) * rng.standard_normal(V))

@@ -6,7 +6,7 @@ given the tree (otm.tree_verifiers.gbv.gbv_law, otm.tree_verification.traversal_
 the LP is otm.analysis.tree_optimum.solve_tree_lp on the same laws. Cross-checked against the real
 decoder (rule_tokens_per_call) where that is cheap (--check).
 
-Run from the repository root:  .venv/bin/python analysis/tree_rules/gbv_table.py [a|b|c|check]
+Run from the repository root:  .venv/bin/python analysis/research/tree_rules/gbv_table.py [a|b|c|check]
 """
 
 from __future__ import annotations

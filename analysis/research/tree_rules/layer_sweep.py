@@ -1,7 +1,7 @@
 """Tokens per target call of one step (exact, every draft tree enumerated) for layer verification with
 kseq / rrs / optimal, level-by-level with the same verifier, traversal, against the tree LP optimum.
 
-Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/tree_rules/layer_sweep.py [cases]
+Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/research/tree_rules/layer_sweep.py [cases]
 Rule values: the numpy laws given the tree (otm.tree_verifiers.layer.layer_law / level_by_level_law,
 otm.tree_verification.traversal_law), summed over every ordered draft tuple of
 otm.analysis.tree_optimum.draft_rows; cross-checked against the decoder's exact first step

@@ -1,6 +1,6 @@
 """How far below alpha*_wor does ``kseq_without_replacement`` fall? Random cases and an adversarial search.
 
-Run: PYTHONPATH=. OMP_NUM_THREADS=1 python analysis/kseq_wor_search.py [--cases 600] [--attacks 12] [--seed 0]
+Run: PYTHONPATH=. OMP_NUM_THREADS=1 python analysis/research/kseq_wor_search.py [--cases 600] [--attacks 12] [--seed 0]
      [--out docs/results]
 
 Proved (module docstring of :mod:`otm.verifiers.kseq_without_replacement`): acceptance >= alpha*_wor / 2

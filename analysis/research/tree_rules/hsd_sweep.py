@@ -1,6 +1,6 @@
 """HSD (arXiv 2601.05724) against block verification and the one-chain tree LP, on toy LMs, exactly.
 
-Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/tree_rules/hsd_sweep.py [--quick]
+Run from the repository root:  OMP_NUM_THREADS=1 .venv/bin/python analysis/research/tree_rules/hsd_sweep.py [--quick]
 
 Per step: tokens per target call of the decoder's first step (every random choice enumerated,
 ``rule_tokens_per_call``) for block, hsd, hsd_code; the LP optimum at k = 1 (``tree_optimum``); the law

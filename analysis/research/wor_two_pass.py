@@ -22,7 +22,7 @@ The products over z are prefix x suffix products in the ratio order (h is a pref
 carried as pairs (P, A) with (P1, A1)(P2, A2) = (P1 P2, A1 P2 + P1 A2), each token contributing
 (rho_z + h_z pi_z x, q_z h_z e^{-q_z t}); the scans run token by token vectorised over the nodes.
 
-Run: PYTHONPATH=. OMP_NUM_THREADS=1 python analysis/wor_two_pass.py [--cases 200] [--big 49152,4,sharp,12]
+Run: PYTHONPATH=. OMP_NUM_THREADS=1 python analysis/research/wor_two_pass.py [--cases 200] [--big 49152,4,sharp,12]
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ replacement (successive sampling) this script computes, by exact enumeration at 
     a_j = min(1, p_j / avail_j), else the next; the residual after all (not canonical form; loop
     acceptance reported).
 
-Usage: ``python analysis/wor_selection_search.py [--cases 600] [--seed 0] [--luce]``
+Usage: ``python analysis/research/wor_selection_search.py [--cases 600] [--seed 0] [--luce]``
 
 Findings (``--cases 3000 --luce``, seeds 0 and 1: 2480 + 2497 valid cases, V = 3..8, k = 2..4, five
 families: Dirichlet(0.1/0.3/1/3) pairs, peaked logits, 30% zero target, one 1e-9 target and one
@@ -51,6 +51,7 @@ import itertools
 import time
 
 import numpy as np
+from scipy.special import softmax
 
 from otm.optimum import brute_force_optimum, ratio_order
 from otm.schemes import WithoutReplacement
@@ -199,8 +200,7 @@ def rule_layer_luce(tuples, probs, layers, x_star, V, iters=60):
         T = tuples[rows]
         P = probs[rows]
         m = inlayer[rows]
-        e = np.where(m, np.exp(th[T]), 0.0)
-        s = e / e.sum(axis=1, keepdims=True)  # [n, k] choice probs
+        s = softmax(np.where(m, th[T], -np.inf), axis=1)  # [n, k] choice probs
         x = np.zeros(V)
         np.add.at(x, T.ravel(), (P[:, None] * s).ravel())
         H = np.zeros((V, V))
@@ -291,8 +291,7 @@ def laws(rng, V):
         p, q = rng.dirichlet(np.full(V, a)), rng.dirichlet(np.full(V, a))
     elif fam == 1:  # peaked: sharp logits
         z = rng.normal(size=V) * rng.uniform(1, 5)
-        p = np.exp(z - z.max())
-        q = np.exp(z + rng.normal(size=V) * rng.uniform(0.1, 2) - z.max())
+        p, q = softmax(z), softmax(z + rng.normal(size=V) * rng.uniform(0.1, 2))
     elif fam == 2:  # zeros
         p, q = rng.dirichlet(np.full(V, a)), rng.dirichlet(np.full(V, a))
         p[rng.random(V) < 0.3] = 0
@@ -325,9 +324,7 @@ def attack(seconds, seed):
             continue
 
         def unpack(z):
-            p = np.exp(z[:V] - z[:V].max())
-            q = np.exp(z[V:] - z[V:].max())
-            return p / p.sum(), q / q.sum()
+            return softmax(z[:V]), softmax(z[V:])
 
         def luce_gap(z):
             p, q = unpack(z)
