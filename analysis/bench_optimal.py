@@ -19,6 +19,7 @@ import sys
 import time
 
 import numpy as np
+from scipy.special import softmax
 
 from otm.optimum import optimal_acceptance
 from otm.verifiers import kseq, optimal
@@ -26,10 +27,8 @@ from otm.verifiers import kseq, optimal
 
 def peaked(rng, V, scale=3.0, noise=1.0):
     z = rng.standard_normal(V) * scale
-    p = np.exp(z - z.max())
     zd = z + rng.standard_normal(V) * noise
-    q = np.exp(zd - zd.max())
-    return p / p.sum(), q / q.sum()
+    return softmax(z), softmax(zd)
 
 
 def main() -> None:

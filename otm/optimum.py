@@ -62,7 +62,7 @@ alike; by (E) the prefix minimum then exceeds :math:`\alpha^*` by at most
 order, :math:`(Q(H_j) - Q(H_{j-1}))/q_{x_j}` never decreases, i.e. Q is *convex in the
 draft mass* :math:`q(H_j)` (used by :mod:`otm.race_window`).
 
-Evidence beyond the proof: the brute-force search ``analysis/prefix_property_search.py``
+Evidence beyond the proof: the brute-force search ``analysis/research/prefix_property_search.py``
 (random families and Nelder-Mead attacks, V = 3..8, k = 2..5) found no prefix gap above
 rounding and no violation of (E); the tests check (E) on every (S, a, b) of hypothesis
 laws, with greedy drafts (for which both fail) as negative control.

@@ -24,7 +24,7 @@ from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import otm.torch as ot
-from otm.decode import DraftTree, Sampling, autoregressive_decode, next_token_laws, speculative_decode, tree_inputs
+from otm.decode import DraftTree, Sampling, autoregressive_decode, speculative_decode, tree_inputs
 from otm.certify.decoder_mutants import DECODER_MUTANTS
 from otm.decode.exact_mode import as_vectors, exact_decode_law, law_error, target_law
 from otm.decode.toy import ToyLM, model_law
@@ -400,24 +400,6 @@ def test_bad_input_one_line_errors():
             Sampling(**bad)
     with pytest.raises(OtmError):
         autoregressive_decode(target, [])
-
-
-def test_processed_laws_match_transformers_warpers():
-    """temperature -> top-k -> top-p as transformers' warpers; removed tokens get exactly 0."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(8, 50, generator=g) * 3
-    for t, k, p in ((1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8), (0.5, 20, 0.9)):
-        x = TemperatureLogitsWarper(t)(None, logits.clone())
-        if k:
-            x = TopKLogitsWarper(k)(None, x)
-        if p < 1:
-            x = TopPLogitsWarper(p)(None, x)
-        ref = torch.softmax(x, -1)
-        ours = next_token_laws(logits, Sampling(temperature=t, top_k=k, top_p=p))
-        torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
-        assert torch.equal(ours == 0, ref == 0)
 
 
 # -- CLI -------------------------------------------------------------------------------------------

@@ -183,6 +183,37 @@ def test_normal_interval_below_four_prompts_and_refusals():
         pf.check_ks([9], V=8)
 
 
+def correlated_prompts(seed=0):
+    """Six prompts, each a run of positions near its own level (positions of one prompt are correlated)."""
+    rng = np.random.default_rng(seed)
+    return [list(level + 0.02 * rng.standard_normal(n))
+            for level, n in zip([0.2, 0.35, 0.5, 0.55, 0.7, 0.9], [5, 9, 12, 7, 20, 3])]
+
+
+def test_bootstrap_interval_resamples_prompts_as_units():
+    """``interval`` with >= 4 prompts is scipy's percentile bootstrap over prompts, seeded: it holds the
+    mean; it is the interval of the hand-written resampling it replaced, to 1e-12 (scipy draws the same
+    indices, ``rng.integers(0, n, (B, n))``; its level (1 - 0.95) / 2 is 0.025 + 2e-17 in floating point,
+    which moves an interpolated percentile by an ulp); a ratio of means scales with its
+    denominator; and it is more than twice as wide as a bootstrap over positions, the mistake it avoids
+    (treating the correlated positions of a prompt as independent evidence)."""
+    values = correlated_prompts()
+    s = pf.interval(values, seed=3)
+    assert s.lo < s.mean < s.hi and s.hi - s.lo > 0.1
+    sums = np.array([np.sum(v) for v in values])
+    counts = np.array([len(v) for v in values], dtype=np.float64)
+    pick = np.random.default_rng([3, 19]).integers(0, 6, size=(pf.BOOTSTRAP_RESAMPLES, 6))
+    old = np.percentile(sums[pick].sum(1) / counts[pick].sum(1), [2.5, 97.5])
+    assert (s.lo, s.hi) == pytest.approx(tuple(old), rel=0, abs=1e-12)
+    halved = pf.interval(values, denominator=[[2.0] * len(v) for v in values], seed=3)
+    assert (halved.mean, halved.lo, halved.hi) == (s.mean / 2, s.lo / 2, s.hi / 2)
+    flat = np.concatenate(values)
+    pos = np.random.default_rng(0).integers(0, flat.size, size=(pf.BOOTSTRAP_RESAMPLES, flat.size))
+    naive = np.percentile(flat[pos].mean(1), [2.5, 97.5])
+    assert naive[1] - naive[0] < 0.5 * (s.hi - s.lo)
+    assert pf.interval(values, seed=4) != s  # the seed is used
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -317,3 +348,18 @@ def test_profile_on_the_embedded_pair():
                 assert v.ratio.mean <= 1 + 1e-9
     assert all(c.new_tokens >= 1 and c.target_calls >= 1 for c in result.checks)
     assert "predicted" in pf.format_profile(result)
+
+
+def test_plot_takes_an_interval_that_leaves_out_its_mean_by_rounding(tiny, tmp_path):
+    """A bootstrap interval over means near 1 can leave out its own mean by a rounding (seen: V = 32, 5 prompts,
+    k = 3, Stat(0.9999999999999997, 0.9999999999999994, 0.9999999999999996)); the plot draws a bar of length 0
+    there instead of failing on a negative error bar (matplotlib's ValueError, the bug this guards)."""
+    import dataclasses
+
+    p = tiny[3]
+    row = p.rows[0]
+    scheme = next(iter(row.alpha))
+    odd = pf.Stat(0.9999999999999997, 0.9999999999999994, 0.9999999999999996)
+    bent = dataclasses.replace(p, rows=[dataclasses.replace(row, alpha={**row.alpha, scheme: odd}), *p.rows[1:]])
+    paths = pf.plot_profile(bent, tmp_path)
+    assert [x.suffix for x in paths] == [".png", ".svg"] and all(x.stat().st_size > 0 for x in paths)

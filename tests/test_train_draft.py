@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -234,3 +235,22 @@ def test_training_time_test_with_an_off_by_one_chain_start_is_caught():
 
     assert _ttt_against_decoder(2) < 1e-10
     assert _ttt_against_decoder(2, mask=one_too_many) > 1e-3
+
+
+def test_eval_bootstrap_interval_is_over_prompts():
+    """eval_draft's interval: scipy's percentile bootstrap with prompts as units, seeded; it holds the
+    position-weighted mean and is the hand-written resampling it replaced to 1e-12 (same indices; scipy's
+    level (1 - 0.95) / 2 differs from 0.025 by 2e-17)."""
+    from eval_draft import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    per_prompt = [level + 0.02 * rng.standard_normal(n)
+                  for level, n in zip([0.2, 0.35, 0.5, 0.55, 0.7], [5, 9, 12, 7, 20])]
+    lo, hi = bootstrap_ci(per_prompt, seed=1234)
+    mean = np.concatenate(per_prompt).mean()
+    assert lo < mean < hi and hi - lo > 0.1
+    sums = np.array([a.sum() for a in per_prompt])
+    counts = np.array([len(a) for a in per_prompt])
+    idx = np.random.default_rng(1234).integers(0, 5, size=(2000, 5))
+    means = sums[idx].sum(1) / counts[idx].sum(1)
+    assert (lo, hi) == pytest.approx((np.quantile(means, 0.025), np.quantile(means, 0.975)), rel=0, abs=1e-12)

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 import torch
+from scipy.stats import bootstrap
 
 from draftlab import HELD_OUT_PROMPTS, all_training_prompts, chain_length, held_out_acceptance
 
@@ -44,13 +45,14 @@ def check_held_out() -> None:
 
 
 def bootstrap_ci(per_prompt: list[np.ndarray], seed: int, rounds: int = 2000) -> tuple[float, float]:
-    """95% percentile interval of the position-weighted mean, resampling prompts."""
+    """95% percentile bootstrap interval of the position-weighted mean, resampling prompts as units
+    (scipy's ``bootstrap`` on the paired (sum, count) of each prompt)."""
     sums = np.array([a.sum() for a in per_prompt])
-    counts = np.array([len(a) for a in per_prompt])
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(per_prompt), size=(rounds, len(per_prompt)))
-    means = sums[idx].sum(1) / counts[idx].sum(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    counts = np.array([len(a) for a in per_prompt], dtype=np.float64)
+    ci = bootstrap((sums, counts), lambda s, c, axis=-1: s.sum(axis) / c.sum(axis), paired=True, vectorized=True,
+                   n_resamples=rounds, confidence_level=0.95, method="percentile",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return float(ci.low), float(ci.high)
 
 
 def main(argv=None) -> None:

@@ -71,6 +71,7 @@ import math
 import time
 
 import numpy as np
+from scipy.special import softmax
 
 from ..laws import OtmError
 from ..testing import chi2_gof
@@ -112,8 +113,7 @@ class ChainToy:
             logits = self.table[a, b, len(seq) % 2].copy()
             if self.zeros:
                 logits[np.argsort(logits, kind="stable")[: self.zeros]] = -np.inf
-            law = np.exp(logits - logits.max())
-            law /= law.sum()
+            law = softmax(logits)  # [V] float64; a removed logit (-inf) gets mass 0.0
             self._memo[seq] = law
         return law
 

@@ -7,18 +7,22 @@ the same :func:`next_token_laws` before any draw or verification; drafts are sam
 very law the verifier is given (the bug class of transformers issues #32867 and #47932 is a
 draft law that does not describe how the draft was sampled; docs/audit.md).
 
-Order and conventions follow transformers' sampling processors (``TemperatureLogitsWarper``,
-``TopKLogitsWarper``, ``TopPLogitsWarper``), so ``generate(do_sample=True, temperature=t,
-top_k=k, top_p=p)`` samples the same law as the target here:
+The processing *is* transformers' own: :func:`warpers` builds the ``LogitsProcessorList`` that
+``generate(do_sample=True, temperature=t, top_k=k, top_p=p)`` builds (``TemperatureLogitsWarper``,
+``TopKLogitsWarper``, ``TopPLogitsWarper``, in that order, each only where it changes something,
+``min_tokens_to_keep = 1``), so the target's law here is the law ``generate`` samples by
+construction (bit for bit in float32, where ``generate`` works; tests/test_sampling.py):
 
 1. temperature :math:`t`: logits / t; ``t = 0`` means greedy, a point mass on the first
-   maximal logit;
+   maximal logit (no warper);
 2. top-k (``k > 0``): keep the tokens whose logit is >= the k-th largest (ties kept);
-3. top-p (``p < 1``): sort the probabilities decreasingly and keep the shortest prefix whose
-   mass reaches ``p`` (the token that crosses ``p`` is kept; at least one token);
-4. softmax in float32 (or float64) whatever the model's dtype. Removed tokens get mass 0.0
-   exactly, so the verifiers never accept them (their accept test ``u * den < num`` fails
-   when ``num = 0``).
+3. top-p (``p < 1``): drop the tokens whose cumulative mass from the bottom, in ascending order, is
+   ``<= 1 - p`` (the token that crosses ``p`` is kept; at least one token). Tokens tied at that
+   boundary are split in the order of ``torch.sort`` (not a stable sort), as in ``generate``;
+4. softmax in ``dtype``, float64 (the decoder's default) or float32, whatever the model's dtype:
+   the logits are cast first and the warpers run in that dtype. Removed tokens get ``-inf``, so
+   mass 0.0 exactly, and the verifiers never accept them (their accept test ``u * den < num``
+   fails when ``num = 0``).
 
 >>> import torch
 >>> laws = next_token_laws(torch.tensor([[2.0, 1.0, 0.0, -1.0]]), Sampling(top_k=2))
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -61,25 +66,38 @@ class Sampling:
             raise OtmError(f"top_p must lie in (0, 1] (1 = off), got {p!r}")
 
 
+@lru_cache(maxsize=64)
+def warpers(sampling: Sampling):
+    """transformers' ``LogitsProcessorList`` for ``sampling`` (``temperature > 0``), as ``generate`` builds it
+    for ``do_sample=True`` with one beam: temperature if not 1, top-k if not 0, top-p if below 1. One list
+    per setting, cached and shared: call it, do not change it."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    out = LogitsProcessorList()
+    if sampling.temperature != 1:
+        out.append(TemperatureLogitsWarper(float(sampling.temperature)))
+    if sampling.top_k != 0:
+        out.append(TopKLogitsWarper(sampling.top_k, min_tokens_to_keep=1))
+    if sampling.top_p < 1:
+        out.append(TopPLogitsWarper(sampling.top_p, min_tokens_to_keep=1))
+    return out
+
+
 def next_token_laws(logits: torch.Tensor, sampling: Sampling, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Processed next-token laws ``[n, V]`` in ``dtype`` (float32 or float64) from logits ``[n, V]``."""
+    """Processed next-token laws ``[..., V]`` in ``dtype`` (float32 or float64) from logits ``[..., V]``:
+    a point mass on the first maximum when ``temperature = 0``, else ``softmax(warpers(sampling)(logits))``."""
     if dtype not in LAW_DTYPES:
         raise OtmError(f"law dtype must be torch.float32 or torch.float64, got {dtype}")
-    x = logits.to(dtype)  # [n, V]
+    x = logits.to(dtype)  # [..., V]
     if sampling.temperature == 0:
         return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)  # first maximum
-    if sampling.temperature != 1:
-        x = x / sampling.temperature
-    V = x.shape[-1]
-    if 0 < sampling.top_k < V:
-        kth = x.topk(sampling.top_k, -1).values[..., -1:]  # [n, 1]: k-th largest logit
-        x = x.masked_fill(x < kth, -math.inf)
-    law = torch.softmax(x, -1)  # [n, V]
-    if sampling.top_p < 1:
-        sorted_law, order = law.sort(dim=-1, descending=True, stable=True)  # [n, V]
-        before = sorted_law.cumsum(-1) - sorted_law  # [n, V]: mass ranked strictly above each token
-        keep_sorted = before < sampling.top_p  # the crossing token is kept; the first token always
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # [n, V]
-        law = law * keep
-        law = law / law.sum(-1, keepdim=True)
-    return law
+    processors = warpers(sampling)
+    if processors:
+        shape = x.shape
+        x = processors(None, x.reshape(-1, shape[-1])).reshape(shape)  # the warpers take [batch, V]
+    return torch.softmax(x, -1)  # [..., V]

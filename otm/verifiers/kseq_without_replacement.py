@@ -54,7 +54,7 @@ At a root, :math:`P(\text{accept}) = \sum_y \min(p_y, \rho^* q_y)`, and
 3. At a root the residual vanishes on :math:`H_0`, and a rejection means :math:`S \subseteq H_0`:
    membership acceptance equals loop acceptance (up to the rounding of :math:`\rho^*`).
 
-No better constant than 1/2 is proved. Measured (``analysis/kseq_wor_search.py``): the ratio to
+No better constant than 1/2 is proved. Measured (``analysis/research/kseq_wor_search.py``): the ratio to
 :math:`\alpha^*_{wor}` and the comparison with RRSw are in docs/theory.md section 3.
 
 :math:`E[N_\rho]` at any V: the exponential race

@@ -28,7 +28,7 @@ With :math:`H` the complement of :math:`A`, :math:`f(A) - \lambda p(A) = \lambda
 contraction) makes every minimiser a prefix of the ratio order up to ties. So the layers are
 consecutive in the ratio order and :math:`\lambda` is the slope sequence of the greatest convex
 minorant of the points :math:`(p(D_j), f(D_j))`: the isotonic regression above. [Measured too:
-``analysis/wor_selection_search.py``, 4977 random cases at V <= 8, k = 2..4: max difference to a
+``analysis/research/wor_selection_search.py``, 4977 random cases at V <= 8, k = 2..4: max difference to a
 brute-force lexicographically optimal base 7.9e-14; :math:`\sum\min(x^\star, p) - \alpha^*` below
 2e-13.]
 
@@ -90,7 +90,7 @@ What is proved, what is measured, what is missing
   priority, layered earliest draw, two-order mixtures: worst acceptance/alpha* below 1e-4).
   Since then: :mod:`otm.verifiers.optimal_embedded` is exact at any V with acceptance at least
   :math:`\alpha^*_{iid}` (close to :math:`\alpha^*` except on sharp draft laws), and
-  ``analysis/wor_two_pass.py`` computes a two-pass layered rule's law by the race quadrature at
+  ``analysis/research/wor_two_pass.py`` computes a two-pass layered rule's law by the race quadrature at
   V = 49152 (gap 3e-13 to 6e-5, but minutes per position); :mod:`otm.verifiers.kseq_without_replacement`
   is exact at any V with acceptance at least :math:`\alpha^*/2` (proved) and K-SEQ's: ``docs/theory.md`` section 3.
 
@@ -104,6 +104,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import isotonic_regression
+from scipy.special import logsumexp, softmax
 
 from ..laws import OtmError, check_k, check_law
 from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
@@ -226,10 +227,9 @@ def _luce(sets, mass, first, inl, theta, V, which, hess):
     rows = first == which
     T, P, m = sets[rows], mass[rows], inl[rows]
     z = np.where(m, theta[T], -np.inf)
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    s = e / e.sum(axis=1, keepdims=True)  # [n, k] choice probabilities
+    s = softmax(z, axis=1)  # [n, k] choice probabilities
     x = np.bincount(T.ravel(), weights=(P[:, None] * s).ravel(), minlength=V)
-    phi = float((P * (z.max(axis=1) + np.log(e.sum(axis=1)))).sum())
+    phi = float((P * logsumexp(z, axis=1)).sum())
     if not hess:
         return x, phi, None
     H = np.zeros((V, V))
@@ -305,9 +305,8 @@ def selection_law(plan: Plan, drafts) -> np.ndarray:
     d = np.asarray(drafts, dtype=np.int64).reshape(-1)
     lay = plan.layer[d]
     cand = d[lay == lay.min()]
-    w = np.exp(plan.theta[cand] - plan.theta[cand].max())
     out = np.zeros(plan.x.size)
-    out[cand] = w / w.sum()
+    out[cand] = softmax(plan.theta[cand])
     return out
 
 

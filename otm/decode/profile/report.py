@@ -135,7 +135,8 @@ def plot_profile(p: Profile, out_dir) -> list[Path]:
         m = np.array([s.mean for s in stats])
         lo = np.array([s.lo if s.lo == s.lo else s.mean for s in stats])
         hi = np.array([s.hi if s.hi == s.hi else s.mean for s in stats])
-        return m, np.vstack([m - lo, hi - m])
+        # an interval can leave out its own mean by a rounding (1 - 3e-16 above 1 - 4e-16): a bar of length 0 there
+        return m, np.maximum(np.vstack([m - lo, hi - m]), 0.0)
 
     ax = axes[0]
     for s, color in scheme_colors.items():

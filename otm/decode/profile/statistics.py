@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import bootstrap
 
 BOOTSTRAP_RESAMPLES = 2000
 MIN_BOOTSTRAP_PROMPTS = 4
@@ -46,11 +47,11 @@ def interval(values, *, denominator=None, seed: int = 0) -> Stat:
     if n_prompts >= MIN_BOOTSTRAP_PROMPTS:
         sums = np.array([g.sum() for g in groups])
         weights = np.array([len(g) for g in groups], dtype=np.float64) if dens is None else np.array([d.sum() for d in dens])
-        rng = np.random.default_rng([seed, 19])
-        pick = rng.integers(0, n_prompts, size=(BOOTSTRAP_RESAMPLES, n_prompts))
-        stats = sums[pick].sum(1) / weights[pick].sum(1)
-        lo, hi = np.percentile(stats, [2.5, 97.5])
-        return Stat(mean, float(lo), float(hi))
+        # prompts resampled as units: (sum, weight) pairs, the statistic their ratio of totals
+        ci = bootstrap((sums, weights), lambda s, w, axis=-1: s.sum(axis) / w.sum(axis), paired=True, vectorized=True,
+                       n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=0.95, method="percentile",
+                       random_state=np.random.default_rng([seed, 19])).confidence_interval
+        return Stat(mean, float(ci.low), float(ci.high))
     n = num_all.size
     if n < 2:
         return Stat(mean, float("nan"), float("nan"))
