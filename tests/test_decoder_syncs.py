@@ -4,7 +4,7 @@ Counted with ``count_host_reads`` (:mod:`otm.decode.host_reads`) on a tiny rando
 torch verifiers' device path (``otm.torch._rho.FORCE_DEVICE_PATH``: what a GPU runs) and ``validate=False``:
 
 * every level-by-level decoder verifier (``kseq``, ``rrs``, ``speculative`` with i.i.d. rows;
-  ``rrs_without_replacement``, ``speculative`` without replacement; ``greedy`` and ``spechub`` are not decoder
+  ``rrs_without_replacement``, ``kseq_without_replacement``, ``speculative`` without replacement; ``greedy`` and ``spechub`` are not decoder
   verifiers: the decoder draws no such drafts) reads at most 2 values per step: the drafted rows (the tree is
   built on the host) and the step's outcome (phase "accept"), none in the verify phase, none in the target pass
   or the rollback; eager and static step, both rollbacks;
@@ -32,7 +32,8 @@ from otm.torch import _rho
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 LEVEL_BY_LEVEL = [("iid", "kseq", 3), ("iid", "rrs", 3), ("iid", "speculative", 1),
-                  ("without_replacement", "rrs_without_replacement", 3), ("without_replacement", "speculative", 1)]
+                  ("without_replacement", "rrs_without_replacement", 3), ("without_replacement", "speculative", 1),
+                  ("without_replacement", "kseq_without_replacement", 3)]
 
 
 def tiny_llama(seed: int, V: int = 24) -> LlamaForCausalLM:

@@ -10,9 +10,12 @@ it stalls a GPU stream, and it breaks a CUDA graph or a ``torch.compile(fullgrap
 * for ``kseq``, whose host path stops each row's search for rho* early and builds the residual of the
   rejecting rows only, gives the host path's tokens and indices on the same uniforms.
 
-A verifier with a planted ``.item()`` fails the first two checks (the negative control). ``optimal``,
-``kseq_without_replacement`` and ``optimal_embedded`` set each row up in numpy on the host (docs/torch_verifiers.md,
-"Device syncs"); they are not run here.
+A verifier with a planted ``.item()`` fails the first two checks (the negative control). ``optimal`` sets each
+row up in numpy on the host (docs/torch_verifiers.md, "Device syncs"); ``optimal_embedded``'s device path is its
+torch walk (checked here alone: meta tensors, one graph) followed by a call of ``otm.torch.optimal``, so it
+reads back what that ``optimal`` reads. ``kseq_without_replacement``'s root search is traced with 2 of its
+``ROOT_STEPS`` and K-SEQ's rho* search within it with 4 steps (every step is the same code; tracing them all
+takes ~80 s; ``kseq``'s own test traces the full rho* search).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 import torch
 
 import otm.torch as ot
-from otm.torch import _rho
+from otm.torch import _rho, _wor, _wor_trials
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -32,8 +35,9 @@ SYNC_FREE = {  # verifier: (draft sampler, k, uniform columns)
     "rrs_without_replacement": ("sample_without_replacement", 3, 4),
     "greedy": ("sample_greedy", 3, 4),
     "spechub": ("sample_spechub", 2, 3),
+    "kseq_without_replacement": ("sample_without_replacement", 3, 6),
 }
-HOST_SET_UP = {"optimal", "kseq_without_replacement", "optimal_embedded"}
+HOST_SET_UP = {"optimal", "optimal_embedded"}
 
 
 def test_every_verifier_is_sorted_into_one_of_the_two_lists():
@@ -82,13 +86,29 @@ def test_a_planted_sync_fails_on_meta_tensors(device_path):
 
 
 @pytest.mark.parametrize("name", sorted(SYNC_FREE))
-def test_device_path_compiles_into_one_graph(name, device_path):
+def test_device_path_compiles_into_one_graph(name, device_path, monkeypatch):
+    if name == "kseq_without_replacement":  # its two searches traced with a few steps each (see the docstring)
+        monkeypatch.setattr(_wor_trials, "ROOT_STEPS", 2)
+        monkeypatch.setattr(_rho, "RHO_DEVICE_STEPS", 4)
     p, q, d, u = _case(name)
     fn = ot.VERIFIERS[name]
     want = fn(p, q, d, uniforms=u, validate=False)
     torch._dynamo.reset()
     got = torch.compile(fn, fullgraph=True, backend="eager")(p, q, d, uniforms=u, validate=False)
     assert torch.equal(got.token, want.token) and torch.equal(got.accepted, want.accepted)
+
+
+def test_embedded_walk_runs_on_meta_tensors_and_compiles_into_one_graph():
+    meta = torch.empty(4, 11, device="meta", dtype=torch.float64)
+    path = _wor.embedded_walk(meta, torch.empty(4, 3, device="meta", dtype=torch.int64),
+                              torch.empty(4, 2, device="meta", dtype=torch.float64))
+    assert path.device.type == "meta" and tuple(path.shape) == (4, 3) and path.dtype == torch.int64
+    _, q, d, u = _case("rrs_without_replacement")
+    q = q / q.sum(-1, keepdim=True)
+    want = _wor.embedded_walk(q, d, u[:, :2])
+    torch._dynamo.reset()
+    got = torch.compile(_wor.embedded_walk, fullgraph=True, backend="eager")(q, d, u[:, :2])
+    assert torch.equal(got, want) and bool((want[:, 0] == 0).all()) and bool((want[:, 1:] > 0).any())
 
 
 def test_a_planted_sync_breaks_the_graph(device_path):

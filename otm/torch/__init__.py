@@ -15,9 +15,11 @@ verifier                    drafts from                              numpy twin
 ``spechub``                 ``sample_spechub`` (k = 2)               ``otm.verifiers.spechub``
 ``optimal``                 ``sample_iid`` (set-up numpy per row)    ``otm.verifiers.optimal``
 ``kseq_without_replacement`` ``sample_without_replacement`` (set-up  ``otm.verifiers.kseq_without_replacement``
-                            numpy per row)
+                            numpy per row on the CPU, torch
+                            elsewhere)
 ``optimal_embedded``        ``sample_without_replacement`` (numpy    ``otm.verifiers.optimal_embedded``
-                            set-up and decisions per row)
+                            per row on the CPU; elsewhere a torch
+                            walk, then ``optimal``)
 =========================== ======================================== ================================
 
 Signature of every verifier::

@@ -1,10 +1,15 @@
-r"""Batched verifiers for drafts without replacement whose set-up runs in numpy per row.
+r"""Batched verifiers for drafts without replacement: a host set-up (numpy per row) on the CPU, a sync-free
+set-up in torch elsewhere.
 
 ``kseq_without_replacement`` (twin of :mod:`otm.verifiers.kseq_without_replacement`).
 
-Set-up per distinct row in numpy float64 on the CPU (the root search of :math:`E[N_\rho] = \rho`, one
-race quadrature per evaluation: 30-80 ms at V = 49152, see ``analysis/bench_embedded.py``); the
-decisions are torch ops on the input's device: for each new draft :math:`s_{m+1}` the test
+Set-up, on the CPU (:func:`otm.torch._rho.on_host`): per distinct row in numpy float64 (the root search of
+:math:`E[N_\rho] = \rho`, one race quadrature per evaluation: 30-80 ms at V = 49152, see
+``analysis/bench_embedded.py``). Elsewhere (and on the CPU with ``otm.torch._rho.FORCE_DEVICE_PATH``):
+:mod:`otm.torch._wor_trials`, the same quadrature and root search in torch float64 over all rows at once,
+with fixed shapes and no value read back (its rho is the host's to 2.5e-10 relatively on the small rows of
+tests/test_wor_device.py, 8e-8 at worst on 64 rows of V = 49152; valid either way). The decisions are
+torch ops on the input's device: for each new draft :math:`s_{m+1}` the test
 ``u q < min(q, p/rho)``, then the repeat phase (an accepted repeat of :math:`s_1..s_{m+1}`, or on to the
 next new draft, by inverse CDF over ``(min(q, p/rho) at s_1..s_{m+1}, 1 - q(A_{m+1}))``), and after k
 rejections one draw from :math:`p - E[N_\rho] \min(q, p/\rho)`.
@@ -13,12 +18,21 @@ Uniforms ``[batch, 2k]``: ``2m`` for the test of draft m, ``2m + 1`` for the rep
 (m < k - 1), ``2k - 1`` for the residual draw: the order in which the numpy sampler consumes
 ``rng.random()``, so the same uniforms give the same token and index.
 
-``optimal_embedded`` (twin of :mod:`otm.verifiers.optimal_embedded`): set-up per distinct row by
+``optimal_embedded`` (twin of :mod:`otm.verifiers.optimal_embedded`). On the CPU: set-up per distinct row by
 :func:`otm.verifiers.optimal.rule` (1-3 ms at V = 49152); the decisions run on the host, row by row,
 through the numpy sampler itself (the walk of repeats, the race, the accept test, the group-first
 residual draw), fed the row's uniforms: the same code, so the same token and index by construction.
+Elsewhere: the walk of repeats in torch (:func:`embedded_walk`: fixed shapes, no read back), then the
+iid ``optimal`` (``otm.torch.optimal``) on the embedded draws with the remaining uniforms; the walk adds
+no read, so the call reads back what ``optimal`` reads (8 per call at batch 32, k = 4, ``validate=False``).
 Uniforms ``[batch, 2k + 1]``: ``0..k-2`` the walk, ``k-1..2k-2`` the race passes, ``2k - 1`` the accept
-test, ``2k`` the residual draw (the numpy sampler's order).
+test, ``2k`` the residual draw (the numpy sampler's order; the last k + 2 are ``optimal``'s layout).
+
+Time per call at V = 49152 (``analysis/bench_wor_device.py``, the 2-core AMD EPYC, one torch thread),
+host set-up / device path on the CPU: ``kseq_without_replacement`` 58 / 213 ms (batch 1, k = 2), 86 / 311 ms
+(batch 1, k = 4), 2034 / 17042 ms (batch 32, k = 2), 2950 / 23284 ms (batch 32, k = 4); ``optimal_embedded``
+1 / 6, 6 / 6, 82 / 71, 243 / 141 ms. The device path does 43 quadratures per row (ROOT_STEPS + 3) where
+the host does 5-13; it is written for an accelerator, where the rows run in parallel.
 """
 
 from __future__ import annotations
@@ -38,7 +52,9 @@ from ._core import (
     residual_draw,
     uniforms_for,
 )
-from ._optimal import normalised_row, checked_inputs, distinct_rows, host_laws
+from . import _rho
+from . import _wor_trials as _trials
+from ._optimal import normalised_row, checked_inputs, distinct_rows, host_laws, optimal
 
 
 def _distinct_normalised(p: np.ndarray, q: np.ndarray):
@@ -60,6 +76,28 @@ def _setups(p: np.ndarray, q: np.ndarray, d: np.ndarray):
     trials = np.array([rules[i].trials.value for i in inverse])
     rest = np.array([mass_outside(q64[r], d[r]) for r in range(batch)])
     return p64, q64, rho, trials, rest
+
+
+def device_laws(target: torch.Tensor, draft: torch.Tensor):
+    """``(p, q)`` float64 ``[batch, V]`` on the input's device, each row divided by its float64 sum (as
+    :func:`otm.laws.check_law` does; the sums are torch's, so the last bits may differ from numpy's)."""
+    p, q = target.to(torch.float64), draft.to(torch.float64)
+    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+
+
+def mass_outside_rows(q: torch.Tensor, q_d: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """:func:`otm.verifiers.embedding.mass_outside` row by row, without a branch on values: ``q.sum - q(S)``,
+    or where that is below 1e-3 the sum of q with the drafts zeroed (no cancellation); at least 0."""
+    rest = q.sum(-1) - q_d.sum(-1)  # [batch]
+    exact = q.scatter(1, d, 0.0).sum(-1)
+    return torch.where(rest < 1e-3, exact, rest).clamp(min=0.0)
+
+
+def _device_setups(target, draft, d, k):
+    """The sync-free set-up (:mod:`otm.torch._wor_trials`): ``(p, q, rho, trials, rest)`` on the device."""
+    p, q = device_laws(target, draft)
+    r = _trials.root(p, q, k)
+    return p, q, r.rho, r.trials, mass_outside_rows(q, q.gather(1, d), d)
 
 
 def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
@@ -87,16 +125,17 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
         check_distinct(d, "kseq_without_replacement")
     u = uniforms_for(uniforms, batch, 2 * k, target.device, generator, validate)  # [batch, 2k]
     device = target.device
-    p_in, q_in = host_laws(target, draft)
-    p64, q64, rho, trials, rest = _setups(p_in, q_in, d.cpu().numpy())
-    p = torch.from_numpy(p64).to(device)  # [batch, V] float64
-    q = torch.from_numpy(q64).to(device)
-    rho_t = torch.from_numpy(rho).to(device).unsqueeze(1)  # [batch, 1]
-    trials_t = torch.from_numpy(trials).to(device).unsqueeze(1)
+    if _rho.on_host(device):
+        p_in, q_in = host_laws(target, draft)
+        p64, q64, rho, trials, rest = (torch.from_numpy(a).to(device) for a in _setups(p_in, q_in, d.cpu().numpy()))
+    else:
+        p64, q64, rho, trials, rest = _device_setups(target, draft, d, k)
+    p, q = p64, q64  # [batch, V] float64
+    rho_t, trials_t = rho.unsqueeze(1), trials.unsqueeze(1)  # [batch, 1]
     q_d = q.gather(1, d)  # [batch, k]
     b = torch.minimum(q_d, p.gather(1, d) / rho_t)  # accepted-arrival rates at the drafts
     # avail[:, m] = 1 - q(A_m) = rest + q(s_{m+1}) + ... + q(s_k), as the numpy walk forms it
-    avail = torch.from_numpy(rest).to(device).unsqueeze(1) + q_d.flip(1).cumsum(1).flip(1)  # [batch, k]
+    avail = rest.unsqueeze(1) + q_d.flip(1).cumsum(1).flip(1)  # [batch, k]
     index = torch.full((batch,), NOT_ACCEPTED, dtype=torch.int64, device=device)
     open_ = torch.ones(batch, dtype=torch.bool, device=device)  # no acceptance yet
     for m in range(k):
@@ -120,6 +159,42 @@ def kseq_without_replacement(target, draft, drafts, *, uniforms=None, generator=
     return Verified(torch.where(accepted, y_acc, z), torch.where(accepted, index, z_index))
 
 
+def embedded_walk(q: torch.Tensor, d: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The walk of repeats (:func:`otm.verifiers.optimal_embedded.sample_rows`' first loop) in torch, fixed
+    shapes and no value read back: ``path [batch, k]`` int64, the embedded i.i.d. draws as indices into the
+    drafts ``d [batch, k]`` (``path[:, 0] = 0``), from the float64 normalised draft ``q [batch, V]`` and the
+    walk's uniforms ``u [batch, k - 1]``. Step i (i = 1..k-1), with m drafts seen: the next arrival is the
+    seen draft j (``cq_j <= t < cq_{j+1}``) or the next new draft (j = m), ``t = u_{i-1} (q(A_m) + 1 - q(A_m))``
+    as numpy forms it (``q(A_m)`` a cumulative sum, ``1 - q(A_m)`` the unseen mass)."""
+    batch, k = d.shape
+    q_s = q.gather(1, d)  # [batch, k]
+    avail = mass_outside_rows(q, q_s, d).unsqueeze(1) + q_s.flip(1).cumsum(1).flip(1)  # [batch, k]
+    cq = q_s.cumsum(1)
+    cols = torch.arange(k, device=d.device)
+    m = torch.ones(batch, 1, dtype=torch.int64, device=d.device)
+    steps = [torch.zeros(batch, dtype=torch.int64, device=d.device)]
+    for i in range(1, k):
+        t = u[:, i - 1 : i] * (cq.gather(1, m - 1) + avail.gather(1, m.clamp(max=k - 1)))  # [batch, 1]
+        j = ((cq <= t) & (cols < m)).sum(1)  # [batch]
+        steps.append(j)
+        m = m + (j.unsqueeze(1) == m).to(torch.int64)
+    return torch.stack(steps, dim=1)
+
+
+def _embedded_on_device(target, draft, d, u, compute_dtype) -> Verified:
+    """The walk in torch, then the iid ``optimal`` on the embedded draws (uniforms ``k-1..2k``: its race,
+    accept test, residual draw); the index is the token's position among the drafts (they are distinct, so
+    it names the selected draft after an acceptance, and the first equal draft after a rejection)."""
+    k = d.shape[1]
+    _, q = device_laws(target, draft)
+    x = d.gather(1, embedded_walk(q, d, u[:, : k - 1]))  # [batch, k]: the embedded i.i.d. draws
+    # the laws, drafts and uniforms were checked by the caller (validate): x is made of valid drafts
+    out = optimal(target, draft, x, uniforms=u[:, k - 1 :], compute_dtype=compute_dtype, validate=False)
+    hit = d == out.token.unsqueeze(1)
+    index = torch.where(hit.any(-1), hit.to(torch.uint8).argmax(-1), torch.full_like(out.token, NOT_ACCEPTED))
+    return Verified(out.token, index)
+
+
 def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, compute_dtype=None,
                      validate=True) -> Verified:
     r"""The iid ``optimal`` rule on the i.i.d. draws embedded in drafts drawn without replacement (module doc).
@@ -134,7 +209,7 @@ def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, co
         ``0..k-2``: the walk; ``k-1..2k-2``: the race passes; ``2k - 1``: accept test; ``2k``: residual draw.
     generator : torch.Generator, optional
     compute_dtype : torch.float32 or torch.float64, optional
-        Accepted for the common signature and checked; the set-up and the decisions are float64 (numpy).
+        Accepted for the common signature and checked; the set-up and the decisions are float64.
     validate : bool
         Check values (one device sync); shapes, dtypes and devices are always checked.
     """
@@ -142,7 +217,10 @@ def optimal_embedded(target, draft, drafts, *, uniforms=None, generator=None, co
     batch, k = d.shape
     if validate:
         check_distinct(d, "optimal_embedded")
-    u = uniforms_for(uniforms, batch, 2 * k + 1, target.device, generator, validate).cpu().numpy()
+    u = uniforms_for(uniforms, batch, 2 * k + 1, target.device, generator, validate)
+    if not _rho.on_host(target.device):
+        return _embedded_on_device(target, draft, d, u, compute_dtype)
+    u = u.cpu().numpy()
     p_in, q_in = host_laws(target, draft)
     d_np = d.cpu().numpy()
     inverse, rows = _distinct_normalised(p_in, q_in)
