@@ -3,11 +3,12 @@
 Counted with ``count_host_reads`` (:mod:`otm.decode.host_reads`) on a tiny random-weight Llama pair, with the
 torch verifiers' device path (``otm.torch._rho.FORCE_DEVICE_PATH``: what a GPU runs) and ``validate=False``:
 
-* every level-by-level decoder verifier (``kseq``, ``rrs``, ``speculative`` with i.i.d. rows;
-  ``rrs_without_replacement``, ``kseq_without_replacement``, ``speculative`` without replacement; ``greedy`` and ``spechub`` are not decoder
-  verifiers: the decoder draws no such drafts) reads at most 2 values per step: the drafted rows (the tree is
-  built on the host) and the step's outcome (phase "accept"), none in the verify phase, none in the target pass
-  or the rollback; eager and static step, both rollbacks;
+* every level-by-level decoder verifier (``kseq``, ``rrs``, ``optimal``, ``speculative`` with i.i.d. rows;
+  ``rrs_without_replacement``, ``kseq_without_replacement``, ``optimal_embedded``, ``speculative`` without
+  replacement; ``greedy`` and ``spechub`` are not decoder verifiers: the decoder draws no such drafts) reads at
+  most 2 values per step: the drafted rows (the tree is built on the host) and the step's outcome (phase
+  "accept"), none in the verify phase, none in the target pass or the rollback; eager and static step, both
+  rollbacks;
 * negative controls: the node-by-node walk (the walk before the device walk: one read of the verifier's token at
   each node) and a planted ``.item()`` inside the verifier call are counted in the verify phase;
 * the device walk keeps the exact law: the exact mode's door, made to take the device walk, gives the target's
@@ -31,9 +32,10 @@ from otm.torch import _rho
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-LEVEL_BY_LEVEL = [("iid", "kseq", 3), ("iid", "rrs", 3), ("iid", "speculative", 1),
+LEVEL_BY_LEVEL = [("iid", "kseq", 3), ("iid", "rrs", 3), ("iid", "speculative", 1), ("iid", "optimal", 3),
                   ("without_replacement", "rrs_without_replacement", 3), ("without_replacement", "speculative", 1),
-                  ("without_replacement", "kseq_without_replacement", 3)]
+                  ("without_replacement", "kseq_without_replacement", 3),
+                  ("without_replacement", "optimal_embedded", 3)]
 
 
 def tiny_llama(seed: int, V: int = 24) -> LlamaForCausalLM:

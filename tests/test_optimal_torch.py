@@ -1,5 +1,8 @@
 """``otm.torch.optimal`` against its numpy twin, and ``otm decode --verifier optimal`` in exact mode.
 
+These are the CPU's host path (numpy set-up); the device path (other devices, or ``_rho.FORCE_DEVICE_PATH``)
+is tested in tests/test_optimal_device.py.
+
 * Uniform by uniform: each row takes k + 2 uniforms (k race passes, the accept test, the
   residual draw), in the order the numpy ``sample`` consumes them; with the same numbers,
   torch and numpy give the same token and index on every row (float64; uniforms with exact
@@ -42,7 +45,7 @@ from otm.verifiers import optimal as npo
 from otm.verifiers import speculative
 
 from test_torch_verifiers import (  # the shared cases, uniforms and cells of the torch verifier tests
-    ALPHA, DEVICES, assert_outcome_meaning, DRAFT, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
+    ALPHA, assert_outcome_meaning, DRAFT, MIN_POWER, N, TARGET, U_MAX, V, SeqRng, cell_counts, t)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -64,7 +67,7 @@ def pair(rng, size):
 @pytest.mark.parametrize("size", [2, 3, 5, 8])
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_same_uniforms_same_outcome_as_numpy(size, k, host, monkeypatch):
-    """Both decision paths (numpy on the CPU, as the verifier runs there; torch ops, as off the CPU)
+    """Both decision paths (numpy, as the host path runs by default; torch ops on the host set-up's arrays)
     give the numpy sampler's token and index for the same uniforms, edges 0 and U_MAX included. The 50
     rows draw their laws from a pool of 8, so rows share a rule with other drafts and uniforms (the
     set-up and the residual draws run per rule over its rows: a row given another row's arrays is seen)."""
@@ -168,7 +171,7 @@ def _law_x_off(plan):
 BUGS = {"x_off": (_x_off, _law_x_off), "one_pass": (_one_pass, lambda plan: dataclasses.replace(plan, theta=np.ones(V)))}
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ["cpu"])  # other devices take the device path: tests/test_optimal_device.py
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_law_matches_numpy_and_catches_planted_bugs(dtype, device, monkeypatch):
     scheme = IID(DRAFT, K)

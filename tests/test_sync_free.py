@@ -10,12 +10,12 @@ it stalls a GPU stream, and it breaks a CUDA graph or a ``torch.compile(fullgrap
 * for ``kseq``, whose host path stops each row's search for rho* early and builds the residual of the
   rejecting rows only, gives the host path's tokens and indices on the same uniforms.
 
-A verifier with a planted ``.item()`` fails the first two checks (the negative control). ``optimal`` sets each
-row up in numpy on the host (docs/torch_verifiers.md, "Device syncs"); ``optimal_embedded``'s device path is its
-torch walk (checked here alone: meta tensors, one graph) followed by a call of ``otm.torch.optimal``, so it
-reads back what that ``optimal`` reads. ``kseq_without_replacement``'s root search is traced with 2 of its
-``ROOT_STEPS`` and K-SEQ's rho* search within it with 4 steps (every step is the same code; tracing them all
-takes ~80 s; ``kseq``'s own test traces the full rho* search).
+A verifier with a planted ``.item()`` fails the first two checks (the negative control). ``optimal``'s device
+path is its own set-up (``otm.torch._optimal_device``: fixed ratio groups, no numpy), tested for its law in
+tests/test_optimal_device.py; ``optimal_embedded``'s device path is its torch walk (also checked here alone:
+meta tensors, one graph) followed by that ``optimal``. ``kseq_without_replacement``'s root search is traced
+with 2 of its ``ROOT_STEPS`` and K-SEQ's rho* search within it with 4 steps (every step is the same code;
+tracing them all takes ~80 s; ``kseq``'s own test traces the full rho* search).
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ SYNC_FREE = {  # verifier: (draft sampler, k, uniform columns)
     "greedy": ("sample_greedy", 3, 4),
     "spechub": ("sample_spechub", 2, 3),
     "kseq_without_replacement": ("sample_without_replacement", 3, 6),
+    "optimal": ("sample_iid", 3, 5),
+    "optimal_embedded": ("sample_without_replacement", 3, 7),
 }
-HOST_SET_UP = {"optimal", "optimal_embedded"}
+HOST_SET_UP: set[str] = set()  # every verifier has a sync-free device path
 
 
 def test_every_verifier_is_sorted_into_one_of_the_two_lists():

@@ -195,6 +195,18 @@ def test_embedded_walk_then_optimal_gives_numpys_outcomes(k, device_path, monkey
     from otm.torch import _wor
 
     calls = _counted(monkeypatch, _wor, "embedded_walk")
+    # the walk on the device's path, then optimal's host set-up (numpy's rule: its device set-up races other
+    # groups, the same law by tests/test_optimal_device.py, other tokens for the same uniforms)
+    device_optimal = _wor.optimal
+
+    def host_optimal(*args, **kwargs):
+        monkeypatch.setattr(_rho, "FORCE_DEVICE_PATH", False)
+        try:
+            return device_optimal(*args, **kwargs)
+        finally:
+            monkeypatch.setattr(_rho, "FORCE_DEVICE_PATH", True)
+
+    monkeypatch.setattr(_wor, "optimal", host_optimal)
     out = ot.optimal_embedded(t(p), t(q), torch.as_tensor(d), uniforms=t(u))
     assert calls == [1]
     for r in range(rows):

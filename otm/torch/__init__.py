@@ -13,7 +13,9 @@ verifier                    drafts from                              numpy twin
 ``rrs_without_replacement`` ``sample_without_replacement``           ``otm.verifiers.rrs_without_replacement``
 ``greedy``                  ``sample_greedy``                        ``otm.verifiers.greedy``
 ``spechub``                 ``sample_spechub`` (k = 2)               ``otm.verifiers.spechub``
-``optimal``                 ``sample_iid`` (set-up numpy per row)    ``otm.verifiers.optimal``
+``optimal``                 ``sample_iid`` (CPU: set-up numpy per    ``otm.verifiers.optimal``
+                            row; other devices: a fixed-shape set-up
+                            on the device)
 ``kseq_without_replacement`` ``sample_without_replacement`` (set-up  ``otm.verifiers.kseq_without_replacement``
                             numpy per row on the CPU, torch
                             elsewhere)

@@ -7,7 +7,16 @@ sampling from :math:`x` to the target :math:`p`: accept the selected token :math
 :math:`\mathrm{norm}((p - x)_+)`. The output law is exactly :math:`p` for every row, as for
 the numpy rule (see that module for the selection law and its gap to :math:`\alpha^*`).
 
-Where the work runs. **The set-up is numpy, one row at a time**: each row's laws are
+Where the work runs. **On the CPU the set-up is numpy, one row at a time** (this module; below). **Off the
+CPU** (or with ``otm.torch._rho.FORCE_DEVICE_PATH``, as :func:`otm.torch._rho.on_host` decides for every
+verifier) the call goes to :mod:`otm.torch._optimal_device`: a set-up on the input's device with fixed
+ratio groups and fixed shapes that reads nothing back and copies no host tensor in (with ``validate=False``
+and the uniforms given: it traces with ``torch.compile(fullgraph=True)``; CUDA-graph capture is what this
+allows, not run on a GPU here), the same uniform layout and an exact law, its acceptance
+within a measured gap of this path's (``docs/torch_verifiers.md``, "Device syncs"); its tokens for the same
+uniforms may differ from this path's (other groups, other race keys).
+
+On the CPU each row's laws are
 read on the CPU (float32 or float64 as given; half precisions upcast to float32, exactly),
 upcast to float64 and divided by their float64 sums as :func:`otm.laws.check_law` does (the
 same numbers as the numpy door for float64 laws; unlike the other torch verifiers, no float32
@@ -17,8 +26,8 @@ vocabulary; the layered two-pass race over the groups), evaluated lazily: at the
 tokens, and for the rows that reject a draw from their residual (group first, then a token of
 that group: one pass over the sub-bucket ids, not the O(V) residual). Rows with
 equal laws within one call share one set-up. The race and the accept test are float64
-comparisons on the set-up's arrays: in numpy on the CPU (:data:`HOST_DECISIONS`), batched torch
-on any other device, the same comparisons either way; the residual draw is the rule's own
+comparisons on the set-up's arrays: in numpy (:data:`HOST_DECISIONS`), or batched torch ops, the
+same comparisons either way; the residual draw is the rule's own
 (:meth:`otm.verifiers.optimal.Rule.draw_residual`, on the host), and the target's float64 inverse
 CDF of :mod:`otm.torch._core` only where a residual has no mass. Measured times beside
 :func:`otm.torch.kseq`: ``docs/torch_verifiers.md``.
@@ -50,6 +59,7 @@ import torch
 
 from ..verifiers import optimal as _np_optimal
 from ..verifiers.optimal import Scaled
+from . import _rho
 from ._core import (
     NOT_ACCEPTED,
     Verified,
@@ -62,6 +72,7 @@ from ._core import (
     compute_dtype_for,
     uniforms_for,
 )
+from ._optimal_device import optimal_on_device
 
 
 def _row_steps(p_row: np.ndarray, q_row: np.ndarray, k: int):
@@ -194,19 +205,22 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
     generator : torch.Generator, optional
     compute_dtype : torch.float32 or torch.float64, optional
         Accepted for the common signature and checked; the laws are normalised and the set-up run
-        in float64 (numpy) whatever it is.
+        in float64 (numpy on the CPU, torch on other devices) whatever it is.
     validate : bool
-        Check values (one device sync); shapes, dtypes and devices are always checked.
+        Check values (one device sync); shapes, dtypes and devices are always checked. Off the CPU,
+        ``validate=False`` with the uniforms given reads nothing back (:mod:`otm.torch._optimal_device`).
     """
     d = checked_inputs(target, draft, drafts, compute_dtype, validate)
     batch, k = d.shape
     u = uniforms_for(uniforms, batch, k + 2, target.device, generator, validate)  # [batch, k + 2]
     device = target.device
+    if not _rho.on_host(device):  # off the CPU (or forced): the sync-free set-up, race and draw on the device
+        return optimal_on_device(target, draft, d, u)
     # numpy set-up per distinct row, float64 on the CPU: each row upcast (exactly) and normalised in
     # float64 as the numpy sample does (float64 laws: the same numbers), one row at a time
     p_in, q_in = host_laws(target, draft)
     theta_d, key1_d, key2_d, p_d, x_d, draws, targets = _plans(p_in, q_in, d.cpu().numpy(), k)
-    if device.type == "cpu" and HOST_DECISIONS:
+    if HOST_DECISIONS:
         return _decide_on_host(u.numpy(), d.numpy(), k, theta_d, key1_d, key2_d, p_d, x_d, draws, targets)
     theta = torch.from_numpy(theta_d).to(device)  # [batch, k]
     # batched race: pass 1 iff u_i < theta(d_i); the smallest key wins (first position on ties)
@@ -237,11 +251,11 @@ def optimal(target, draft, drafts, *, uniforms=None, generator=None, compute_dty
 
 
 HOST_DECISIONS = True
-"""On the CPU the race, the accept test and the residual draw run in numpy on the set-up's arrays
-(:func:`_decide_on_host`: the same float64 comparisons as the torch ops below, so the same tokens and
+"""The race, the accept test and the residual draw of the host path run in numpy on the set-up's arrays
+(:func:`_decide_on_host`: the same float64 comparisons as the torch ops above, so the same tokens and
 indices for the same uniforms); about 0.3 ms of some twenty small torch calls less per call, which is
-most of the difference at batch 1. Off the CPU (and with this False, as the tests do to keep that
-path covered) the decisions are torch ops on the input's device."""
+most of the difference at batch 1. With this False (the tests keep that path covered) they are the torch
+ops above. Off the CPU neither runs: the device path does (:mod:`otm.torch._optimal_device`)."""
 
 
 def _decide_on_host(u, d, k, theta_d, key1_d, key2_d, p_d, x_d, draws, targets) -> Verified:
