@@ -53,8 +53,9 @@ SAMPLERS = {"rrs_without_replacement": "sample_without_replacement", "kseq_witho
 UNIFORMS = {"speculative": lambda k: 2, "spechub": lambda k: 3, "kseq_without_replacement": lambda k: 2 * k,
             "optimal_embedded": lambda k: 2 * k + 1, "optimal": lambda k: k + 2}
 HOST_SET_UP = {"optimal_embedded": (32, 8), "kseq_without_replacement": (1, 4)}
-"""Verifiers that set each row up in numpy on the host (``otm.torch``): timed up to this batch and k, 5 calls
-(kseq_without_replacement's root search costs 25-85 ms a row at V = 49152 on a CPU core)."""
+"""Verifiers with a heavy set-up per row, timed up to this batch and k, 5 calls: kseq_without_replacement's
+root search (43 race quadratures a row on the device path, ``otm/torch/_wor_trials.py``; 25-85 ms a row on a
+CPU core on the host path) and optimal_embedded's walk followed by optimal's grouped layout."""
 TARGET = np.array([0.30, 0.22, 0.15, 0.12, 0.09, 0.07, 0.05])
 DRAFT = np.array([0.18, 0.30, 0.12, 0.08, 0.16, 0.06, 0.10])
 
