@@ -23,7 +23,7 @@ to report a false "Infeasible" on the equality form when a mass is below about
 1e-7; the inequality form is always feasible (:math:`\pi = 0`) and bounded, and
 the tests solve it with masses down to 1e-12 and exact zeros.
 
-The solution is turned into a :class:`Plan`, repaired to exact feasibility and
+The solution is turned into a :class:`TransportPlan`, repaired to exact feasibility and
 completed into a full coupling whose output law is exactly the target; the
 LP-optimal verifier (:mod:`otm.verifiers.lp_optimal`) samples from it.
 """
@@ -63,7 +63,7 @@ k=3..4; it is also the part of HiGHS that misjudged tiny masses. The call is ret
 presolve on if the first solve is not optimal."""
 
 MAX_DENSE = 20_000_000
-"""Largest ``n_rows * V`` :meth:`Plan.coupling` builds as a dense matrix."""
+"""Largest ``n_rows * V`` :meth:`TransportPlan.coupling` builds as a dense matrix."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def _build_rows(scheme: Scheme, fold: bool, max_variables: int) -> Rows:
 
 
 @dataclass
-class Plan:
+class TransportPlan:
     r"""A feasible OTM transport plan, repaired and completed into an exact coupling.
 
     ``pi[j]`` is the mass moved from row ``r`` (the row holding entry ``j``) to
@@ -219,10 +219,10 @@ class Plan:
     target: np.ndarray
     folded: bool = True
     _index: dict | None = field(default=None, repr=False)
-    _folded_plan: Plan | None = field(default=None, repr=False)
+    _folded_plan: TransportPlan | None = field(default=None, repr=False)
 
     @classmethod
-    def from_solution(cls, rows: Rows, x, target: np.ndarray, folded: bool = True) -> Plan:
+    def from_solution(cls, rows: Rows, x, target: np.ndarray, folded: bool = True) -> TransportPlan:
         """Repair a solver's (possibly slightly infeasible) solution ``x`` into a feasible plan."""
         pi = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
         rid = _row_ids(rows)
@@ -336,13 +336,13 @@ class Plan:
             out += (left / s) * (c / total)
         return out
 
-    def fold(self) -> Plan:
+    def fold(self) -> TransportPlan:
         """The same plan on distinct-token sets (rows with equal sets merged); ``self`` when already folded."""
         if self.folded:
             return self
         if self._folded_plan is None:
             rows, pi = _fold_entries(self.rows, self.pi)
-            self._folded_plan = Plan(rows, pi, self.target, folded=True)
+            self._folded_plan = TransportPlan(rows, pi, self.target, folded=True)
         return self._folded_plan
 
     def row_of(self, drafts) -> int:
@@ -382,7 +382,7 @@ class LPResult:
         Optimal membership acceptance :math:`\\alpha^*`: the acceptance of the repaired
         (exactly feasible) plan, so a certified lower bound; with ``dual_bound`` it brackets
         :math:`\\alpha^*` (the two agree to ~1e-15 in practice).
-    plan : Plan
+    plan : TransportPlan
         The repaired, completed transport plan (``plan.acceptance == value``).
     n_variables, n_constraints : int
         LP size: pairs (row, member), and rows + tokens.
@@ -401,7 +401,7 @@ class LPResult:
     """
 
     value: float
-    plan: Plan
+    plan: TransportPlan
     n_variables: int
     n_constraints: int
     seconds: float
@@ -639,7 +639,7 @@ def solve_lp(
     Returns
     -------
     LPResult
-        ``value`` (:math:`\alpha^*`), ``plan`` (:class:`Plan`, repaired and completed),
+        ``value`` (:math:`\alpha^*`), ``plan`` (:class:`TransportPlan`, repaired and completed),
         ``n_variables``, ``n_constraints``, ``seconds``, ``backend``, ``folded``, ``dual_bound``.
 
     Raises
@@ -679,7 +679,7 @@ def solve_lp(
     solver = {"highs": _solve_highs, "cvxpy": _solve_cvxpy, "pot": _solve_pot}[backend]
     solver_value, x, u, v = solver(rows, target, timings)
     t = time.perf_counter()
-    plan = Plan.from_solution(rows, x, target, folded=fold)
+    plan = TransportPlan.from_solution(rows, x, target, folded=fold)
     bound = _dual_bound(rows, target, u, v)
     timings["plan"] = time.perf_counter() - t
     return LPResult(

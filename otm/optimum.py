@@ -207,7 +207,7 @@ class Optimum:
 
 
 @dataclass(frozen=True)
-class Membership:
+class PrefixMembership:
     """:math:`Q(H_j)` for the prefixes ``H_j`` of an order, ``j = 0..V``.
 
     ``inside[j] = Q(H_j)``; ``outside[j] = 1 - Q(H_j)`` (computed without
@@ -282,7 +282,7 @@ def _prefix_sums(x: np.ndarray) -> np.ndarray:
     return a
 
 
-def _iid_membership(qs: np.ndarray, k: int) -> Membership:
+def _iid_membership(qs: np.ndarray, k: int) -> PrefixMembership:
     inside_mass = _prefix_sums(qs)  # q(H_j)
     outside_mass = _suffix_sums(qs)  # c_j = q(complement), from the small end
     small = outside_mass <= 0.5
@@ -290,7 +290,7 @@ def _iid_membership(qs: np.ndarray, k: int) -> Membership:
         log_in = k * np.log1p(-np.minimum(outside_mass, 0.5))
     inside = np.where(small, np.exp(log_in), inside_mass**k)
     outside = np.where(small, -np.expm1(log_in), 1.0 - inside_mass**k)
-    return Membership(inside, outside, np.zeros_like(inside), "exact")
+    return PrefixMembership(inside, outside, np.zeros_like(inside), "exact")
 
 
 def _wo2_inside(qp: np.ndarray) -> np.ndarray:
@@ -351,7 +351,7 @@ def _race_inside(qp: np.ndarray, k: int, step: float) -> tuple[np.ndarray, np.nd
 
 def prefix_membership(
     draft, k: int, order, scheme: str = "without_replacement", *, step: float | None = None, method: str = "auto"
-) -> Membership:
+) -> PrefixMembership:
     r""":math:`Q(H_j) = P(\text{all } k \text{ drafts} \in H_j)` for every prefix :math:`H_j` of ``order``.
 
     .. math::
@@ -383,7 +383,7 @@ def prefix_membership(
 
     Returns
     -------
-    Membership
+    PrefixMembership
         ``inside``, ``outside``, ``error``, each of shape (V + 1,).
 
     Examples
@@ -425,7 +425,7 @@ def prefix_membership(
         how = "race"
     count = _prefix_sums(positive.astype(np.float64)).astype(np.int64)  # positive tokens in H_j
     inside = inside_p[count]
-    return Membership(inside, 1.0 - inside, err_p[count], how)
+    return PrefixMembership(inside, 1.0 - inside, err_p[count], how)
 
 
 # -----------------------------------------------------------------------------

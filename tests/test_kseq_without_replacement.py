@@ -150,7 +150,7 @@ def test_exact_law_check_catches_realistic_bugs(k, monkeypatch):
     with monkeypatch.context() as mp:
         mp.setattr(kw, "expected_trials", lambda *a, **o: kw.Trials(honest(*a, **o).value * 0.99, 0.0, 0))
         assert evaluate("kseq_without_replacement", scheme, target).law_error > 1.5e-3
-    honest_res = kw.Rule._residual
+    honest_res = kw.TrialsRule._residual
 
     def high(rule):
         r = honest_res.func(rule).copy()
@@ -158,7 +158,7 @@ def test_exact_law_check_catches_realistic_bugs(k, monkeypatch):
         return r
 
     with monkeypatch.context() as mp:
-        mp.setattr(kw.Rule, "_residual", property(high))
+        mp.setattr(kw.TrialsRule, "_residual", property(high))
         assert evaluate("kseq_without_replacement", scheme, target).law_error > 3e-3
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from otm.laws import OtmError
-from otm.lp import Plan, count_variables, rows_from_tuples_unfolded, solve_lp
+from otm.lp import TransportPlan, count_variables, rows_from_tuples_unfolded, solve_lp
 from otm.schemes import IID, Greedy, Scheme, SpecHub, Table, WithoutReplacement, rows_from_tuples
 from strategies import law, pair
 from hyp import examples
@@ -287,7 +287,7 @@ def test_vectorised_rows_and_plan_folding_match_the_schemes(q, k, name):
     np.testing.assert_array_equal(mine.tokens, theirs.tokens)
     # folding an (arbitrary) unfolded plan merges rows exactly like the scheme's own folding
     pi = np.random.default_rng(0).random(mine.tokens.size)
-    folded = Plan(mine, pi, np.full(scheme.V, 1 / scheme.V), folded=False).fold()
+    folded = TransportPlan(mine, pi, np.full(scheme.V, 1 / scheme.V), folded=False).fold()
     want = as_dict(scheme.rows(fold=True))
     got = as_dict(folded.rows)
     assert got.keys() == want.keys()
@@ -300,7 +300,7 @@ def test_plan_repair_makes_an_infeasible_solution_feasible():
     rows = scheme.rows(fold=True)
     target = np.array([0.9, 0.1])
     x = np.array([0.3, -1e-9, 0.4, 0.3])  # row {0} over its mass, a negative, token 0 over target
-    plan = Plan.from_solution(rows, x, target)
+    plan = TransportPlan.from_solution(rows, x, target)
     assert (plan.pi >= 0).all()
     assert (plan.hit_row_sums() <= rows.mass + 1e-15).all()
     assert (plan.hit_col_sums() <= target + 1e-15).all()

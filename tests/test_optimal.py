@@ -100,7 +100,7 @@ def test_certify_law(k):
 def _cells(target, draft, drafts, rng, n, x_bug=None):
     plan = optimal.build(target, draft, len(drafts))
     if x_bug is not None:  # the realistic bug: accept with a selection law 10% off at one token
-        plan = optimal.Plan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
+        plan = optimal.RacePlan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
     counts = np.zeros(2 * target.size)
     d = np.asarray(drafts)
     for _ in range(n):
@@ -129,7 +129,7 @@ def test_sampler_matches_law_and_catches_bug():
     sel0 = optimal.selection_law(plan, np.asarray(drafts))
     y = int(np.argmax(np.where(1.1 * plan.x > target, sel0, -1)))  # a drafted token where the bug bites
     x_bug[y] *= 1.1
-    bugged = optimal.Plan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
+    bugged = optimal.RacePlan(x_bug, plan.theta, plan.key1, plan.key2, plan.acceptance, np.maximum(target - x_bug, 0))
     sel = optimal.selection_law(plan, np.asarray(drafts))
     acc = np.minimum(1.0, target / np.where(sel > 0, x_bug, 1.0)) * (sel > 0)
     bug_law = np.zeros(10)
@@ -267,7 +267,7 @@ def test_rules_of_many_rows_equal_each_rule_alone():
 
 
 def test_rule_at_drafted_tokens_matches_the_plan():
-    """The lazy Rule gives, token by token, the arrays of its eager plan (what the tests enumerate)."""
+    """The lazy GroupedRule gives, token by token, the arrays of its eager plan (what the tests enumerate)."""
     rng = np.random.default_rng(12)
     target, draft = _peaked(rng, 5000, 3.0, 1.0)
     rl = optimal.rule(target, draft, 4)
@@ -320,7 +320,7 @@ def _residual_cases():
 
 @pytest.mark.parametrize("bits,rounds", [(0, 0), (0, 4), (None, 4)])
 def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
-    """Rule.draw_residual (what sample and otm.torch.optimal use after a rejection) draws exactly
+    """GroupedRule.draw_residual (what sample and otm.torch.optimal use after a rejection) draws exactly
     norm((p - x)_+): its law, read from the code by bisection over the uniform, equals the residual
     to 1e-12 (to rounding where the residual mass is below 1e-3), with coarse groups (several tokens a group, groups left straddling) and fine ones; no
     token of zero residual is ever drawn."""
@@ -343,8 +343,8 @@ def test_residual_draw_has_the_residual_law(bits, rounds, monkeypatch):
 
 @pytest.mark.parametrize("bits,rounds", [(0, 0), (None, 4)])
 def test_residual_draws_for_many_uniforms_are_the_scalar_draws(bits, rounds, monkeypatch):
-    """Rule.draw_residual_many over a batch (otm.torch.optimal's rows sharing a rule: grouped by the group
-    drawn) gives, uniform by uniform, the token of a batch of one (Rule.draw_residual, whose law the test
+    """GroupedRule.draw_residual_many over a batch (otm.torch.optimal's rows sharing a rule: grouped by the group
+    drawn) gives, uniform by uniform, the token of a batch of one (GroupedRule.draw_residual, whose law the test
     above reads): 0, 1 - 2^-53, and uniforms next to every group's and token's edge."""
     if bits is not None:
         monkeypatch.setattr(optimal.groups, "GROUP_BITS", bits)
@@ -381,7 +381,7 @@ def test_residual_draw_planted_bugs_are_caught(monkeypatch):
     assert np.abs(_law_of_draw(honest.draw_residual, target.size) - want).max() < 1e-12
     errors = []
     with monkeypatch.context() as m:  # bug 1: inside the group, p instead of (p - x)_+
-        m.setattr(optimal.Rule, "_group_residual", lambda self, G: (
+        m.setattr(optimal.GroupedRule, "_group_residual", lambda self, G: (
             (toks := np.flatnonzero(self.groups() == G)), self.target_law.at(toks)))
         rl = optimal.rule(target, draft, k)
         errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
@@ -390,7 +390,7 @@ def test_residual_draw_planted_bugs_are_caught(monkeypatch):
         P_g = np.bincount(rl.groups(), weights=target, minlength=rl.res_g.size)
         rl.__dict__["residual_groups"] = P_g
         errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
-    honest_group = optimal.Rule._group_residual
+    honest_group = optimal.GroupedRule._group_residual
 
     def ten_percent_high(self, G):
         toks, r = honest_group(self, G)
@@ -399,7 +399,7 @@ def test_residual_draw_planted_bugs_are_caught(monkeypatch):
         return toks, r
 
     with monkeypatch.context() as m:  # bug 3: the residual 10% high at one token of each group
-        m.setattr(optimal.Rule, "_group_residual", ten_percent_high)
+        m.setattr(optimal.GroupedRule, "_group_residual", ten_percent_high)
         rl = optimal.rule(target, draft, k)
         errors.append(np.abs(_law_of_draw(rl.draw_residual, target.size) - want).max())
     assert min(errors) > 1e-3, errors

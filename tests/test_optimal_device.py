@@ -59,15 +59,15 @@ def device_setup(p, q, k):
     return od.setup(P, Q, k), P
 
 
-def as_plan(s: od.Setup, p: np.ndarray) -> npo.Plan:
-    """The set-up's row 0 as the numpy rule's ``Plan``: per token its pass-1 probability and its group's keys."""
+def as_plan(s: od.Setup, p: np.ndarray) -> npo.RacePlan:
+    """The set-up's row 0 as the numpy rule's ``RacePlan``: per token its pass-1 probability and its group's keys."""
     g = s.group[0]
     x = s.x[0].numpy()
-    return npo.Plan(x, s.theta[0].numpy(), s.key1[0][g].numpy(), s.key2[0][g].numpy(),
+    return npo.RacePlan(x, s.theta[0].numpy(), s.key1[0][g].numpy(), s.key2[0][g].numpy(),
                     float(np.minimum(x, p).sum()), np.maximum(p - x, 0.0))
 
 
-def enumerated(plan: npo.Plan, p, q, k):
+def enumerated(plan: npo.RacePlan, p, q, k):
     """``(selection law, output law)`` of the race on ``plan`` and the canonical form, over every draft tuple."""
     size = p.size
     sel, out = np.zeros(size), np.zeros(size)

@@ -123,7 +123,7 @@ def test_full_vocabulary_rows(device_path, monkeypatch):
 
 
 def _law_with(p, q, k, rho, trials, scheme):
-    rule = npk.Rule(p, q, k, rho, npk.Trials(trials, 0.0, 0), rho, 0)
+    rule = npk.TrialsRule(p, q, k, rho, npk.Trials(trials, 0.0, 0), rho, 0)
     return membership_cells(lambda d: npk._law(rule, np.asarray(d), npk.mass_outside(q, np.asarray(d))), scheme, p.size)
 
 

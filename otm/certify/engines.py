@@ -30,7 +30,7 @@ from ..verifiers import rrs, speculative
 from ..verifiers.base import Outcome, check_inputs, positive_part, residual_law
 
 
-def _distinct(drafts: np.ndarray) -> list[int]:
+def _children_in_order(drafts: np.ndarray) -> list[int]:
     """The node's children: distinct tokens in first-appearance order (engines merge equal siblings)."""
     seen: list[int] = []
     for x in drafts.tolist():
@@ -90,7 +90,7 @@ def sglang_target_only(threshold_single: float = 1.0, threshold_acc: float = 1.0
     def law(target, draft, drafts):
         target, draft, d = check_inputs(target, draft, drafts)
         out, reached, running = np.zeros_like(target), 1.0, 0.0  # reached: P(no child accepted yet)
-        kids = _distinct(d)
+        kids = _children_in_order(d)
         for x in kids:
             running += target[x]
             if target[x] >= threshold_single:
@@ -108,7 +108,7 @@ def sglang_target_only(threshold_single: float = 1.0, threshold_acc: float = 1.0
         target, draft, d = check_inputs(target, draft, drafts)
         u = rng.random()
         running, tried = 0.0, target.copy()
-        for i, x in enumerate(_distinct(d)):
+        for i, x in enumerate(_children_in_order(d)):
             running += target[x]
             if u < running / threshold_acc or target[x] >= threshold_single:
                 return Outcome(x, int(np.flatnonzero(d == x)[0]))

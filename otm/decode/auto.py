@@ -10,7 +10,7 @@ tokens (the accepted path and the target's own token), and costs :math:`S = T(1 
 ms (:class:`otm.decode.bench.Costs`, measured on this machine: a target call on n positions, a draft call
 on b rows). The predicted tokens/s of (verifier, k, L) are :math:`1000\,B / S` against autoregressive
 sampling's :math:`1000 / T(1)`; the best configuration is chosen, or none where no configuration is
-predicted to beat autoregressive sampling on this machine, which :func:`Plan.line` then says with the
+predicted to beat autoregressive sampling on this machine, which :func:`DecodePlan.line` then says with the
 numbers.
 """
 
@@ -33,7 +33,7 @@ class Candidate:
 
 
 @dataclass
-class Plan:
+class DecodePlan:
     """The candidates (best first), the autoregressive cost T(1) and the warm-up's acceptance by depth."""
 
     candidates: list[Candidate]
@@ -68,7 +68,7 @@ def block_efficiency(acceptance: list[float], length: int) -> float:
 
 
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
-         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none") -> Plan:
+         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none") -> DecodePlan:
     """Measure and rank every (verifier, k, L) of the grid (module docstring); ``ids`` the warm-up prompt.
     ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse (else measured here, with the step
     ``compile`` gives: a choice of :data:`otm.decode.cli.COMPILE_CHOICES`)."""
@@ -97,7 +97,7 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
             step = costs.step_ms(k, L)
             candidates.append(Candidate(verifier, scheme, k, L, B, step, (B / step) / (1.0 / t1)))
     candidates.sort(key=lambda c: -c.speedup)
-    return Plan(candidates, t1, acceptance, warmup_tokens)
+    return DecodePlan(candidates, t1, acceptance, warmup_tokens)
 
 
-__all__ = ["Candidate", "Plan", "block_efficiency", "plan"]
+__all__ = ["Candidate", "DecodePlan", "block_efficiency", "plan"]

@@ -28,14 +28,14 @@ that group: one pass over the sub-bucket ids, not the O(V) residual). Rows with
 equal laws within one call share one set-up. The race and the accept test are float64
 comparisons on the set-up's arrays: in numpy (:data:`HOST_DECISIONS`), or batched torch ops, the
 same comparisons either way; the residual draw is the rule's own
-(:meth:`otm.verifiers.optimal.Rule.draw_residual`, on the host), and the target's float64 inverse
+(:meth:`otm.verifiers.optimal.GroupedRule.draw_residual`, on the host), and the target's float64 inverse
 CDF of :mod:`otm.torch._core` only where a residual has no mass. Measured times beside
 :func:`otm.torch.kseq`: ``docs/torch_verifiers.md``.
 
 Uniforms. Each row uses ``k + 2`` uniforms in [0, 1): uniform ``i < k`` decides the pass
 of draft position ``i`` (pass 1 iff ``u_i < theta(d_i)``), uniform ``k`` the accept test,
 uniform ``k + 1`` the residual draw (inverse CDF over the groups' residual masses, then inside
-the group; :meth:`otm.verifiers.optimal.Rule.draw_residual`). The numpy ``sample`` consumes
+the group; :meth:`otm.verifiers.optimal.GroupedRule.draw_residual`). The numpy ``sample`` consumes
 ``rng.random(k)`` then ``rng.random()`` twice (the second only on rejection) in the same
 order, so the same numbers give the same token and index (float64: bit-identical
 decisions; the plans are the same numpy computation).
@@ -152,7 +152,7 @@ def _plans(p: np.ndarray, q: np.ndarray, d: np.ndarray, k: int):
     Returns ``(theta_d, key1_d, key2_d, target_d, x_d, draws, targets)``: the race arrays, the
     target (as :func:`otm.laws.check_law` normalises it) and the selection law at the drafted
     tokens, ``[batch, k]``; ``draws(rows, us)`` gives one draw from ``norm((target - x)_+)`` per row
-    that needs one, with its uniform (:meth:`~otm.verifiers.optimal.Rule.draw_residual`: group, then
+    that needs one, with its uniform (:meth:`~otm.verifiers.optimal.GroupedRule.draw_residual`: group, then
     token; None where the residual has no mass); ``targets(rows)`` the normalised targets (read only
     where a residual has no mass).
     Rows with equal laws share one rule.

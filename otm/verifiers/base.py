@@ -118,7 +118,7 @@ def serve_selected(rng: np.random.Generator, d: np.ndarray, i: int, p_y: float, 
 
     ``draw(u) -> token | None`` draws from the residual with the uniform ``u`` (only called after a
     rejection): :func:`inverse_cdf_draw` over the whole residual, or a rule's own draw
-    (:meth:`otm.verifiers.optimal.Rule.draw_residual`, group first). None means the residual has no
+    (:meth:`otm.verifiers.optimal.GroupedRule.draw_residual`, group first). None means the residual has no
     mass (probability 0 in exact arithmetic): then the inverse CDF of ``fallback`` at the same ``u``,
     as :func:`residual_sample` does."""
     y = int(d[i])

@@ -183,7 +183,7 @@ def expected_trials(target, draft, k: int, rho: float, *, step: float | None = N
 
 
 @dataclass(frozen=True)
-class Rule:
+class TrialsRule:
     """The rule for one position: ``rho``, ``trials`` = E[N_rho], the accepted-arrival rates
     ``min(q, p/rho)`` and the residual (unnormalised)."""
 
@@ -236,7 +236,7 @@ def bounded(p: np.ndarray, q: np.ndarray, t: Trials, rho: float) -> Trials:
     return Trials(min(t.value, rho), t.error, t.nodes, upper=min(t.upper, rho))
 
 
-def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
+def _build(p: np.ndarray, q: np.ndarray, k: int) -> TrialsRule:
     lo = kseq.rho_star(p, q, k)
     memo: dict[float, Trials] = {}
 
@@ -247,7 +247,7 @@ def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
 
     if float(np.minimum(p, q).sum()) == 0.0:  # disjoint laws: nothing is accepted whatever rho, r = p;
         t = trials(lo)  # E[N] = E[T], and rho = E[T] is a root
-        return Rule(p, q, k, max(lo, t.upper), t, lo, 1)
+        return TrialsRule(p, q, k, max(lo, t.upper), t, lo, 1)
 
     def g(x: float) -> float:  # log((E[N_rho] + its error) / rho) at rho = e^x: > 0 not valid, <= 0 valid
         rho = math.exp(x)
@@ -261,7 +261,7 @@ def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
     a = math.log(lo)
     fa = g(a)
     if fa <= 0.0:
-        return Rule(p, q, k, lo, trials(lo), lo, len(memo))
+        return TrialsRule(p, q, k, lo, trials(lo), lo, len(memo))
     b = a + fa
     fb = g(b)
     while fb > 0.0:
@@ -295,10 +295,10 @@ def _build(p: np.ndarray, q: np.ndarray, k: int) -> Rule:
                 fa *= 0.5
             side = -1
     rho = math.exp(b)
-    return Rule(p, q, k, rho, trials(rho), lo, len(memo))
+    return TrialsRule(p, q, k, rho, trials(rho), lo, len(memo))
 
 
-def rule(target, draft, k: int) -> Rule:
+def rule(target, draft, k: int) -> TrialsRule:
     """Build the rule for one position (``k`` drafts without replacement from ``draft``)."""
     p = check_law(target, "target")
     q = check_law(draft, "draft", size=p.size)
@@ -309,7 +309,7 @@ def rule(target, draft, k: int) -> Rule:
     return _build(p, q, k)
 
 
-def _given(rl: Rule, d: np.ndarray, rest: float) -> tuple[np.ndarray, float]:
+def _given(rl: TrialsRule, d: np.ndarray, rest: float) -> tuple[np.ndarray, float]:
     """``(acc, reject)``: exact P(accept draft s_j | S) for j = 1..k, and P(all rejected | S)."""
     q_s = rl.draft[d]
     b = _rates(rl.target[d], q_s, rl.rho)[0]  # min(q, p/rho) at the drafts
@@ -329,7 +329,7 @@ def _given(rl: Rule, d: np.ndarray, rest: float) -> tuple[np.ndarray, float]:
     return acc, surv
 
 
-def _law(rl: Rule, d: np.ndarray, rest: float) -> np.ndarray:
+def _law(rl: TrialsRule, d: np.ndarray, rest: float) -> np.ndarray:
     acc, reject = _given(rl, d, rest)
     out = np.zeros(rl.target.size)
     np.add.at(out, d, acc)
@@ -338,7 +338,7 @@ def _law(rl: Rule, d: np.ndarray, rest: float) -> np.ndarray:
     return out
 
 
-def _sample(rl: Rule, d: np.ndarray, rest: float, rng: np.random.Generator) -> Outcome:
+def _sample(rl: TrialsRule, d: np.ndarray, rest: float, rng: np.random.Generator) -> Outcome:
     q_s = rl.draft[d]
     b = _rates(rl.target[d], q_s, rl.rho)[0]
     avail = unseen_mass(q_s, rest)
@@ -395,7 +395,7 @@ class KseqWorBound(OptimalBound):
     """:class:`OptimalBound` with ``acceptance`` the loop acceptance, ``alpha_star`` the optimum for
     drafts without replacement (so ``gap`` is the certified shortfall) and the rule."""
 
-    rule: Rule | None = None
+    rule: TrialsRule | None = None
 
 
 def bind(target, scheme) -> KseqWorBound:
@@ -426,5 +426,5 @@ def bind(target, scheme) -> KseqWorBound:
     return KseqWorBound(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None, rule=rl)
 
 
-__all__ = ["Trials", "Rule", "KseqWorBound", "expected_trials", "rule", "law", "sample", "acceptance",
+__all__ = ["Trials", "TrialsRule", "KseqWorBound", "expected_trials", "rule", "law", "sample", "acceptance",
            "conditional_acceptance", "bind"]

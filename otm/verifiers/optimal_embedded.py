@@ -67,7 +67,7 @@ Cost
 ----
 Set-up: the iid rule (:func:`otm.verifiers.optimal.rule`, O(V) passes, no sort). Per verification:
 the walk (k - 1 uniforms, O(k^2)), the race (k uniforms), the accept test, and after a rejection
-one draw from the residual, group first (:meth:`otm.verifiers.optimal.Rule.draw_residual`).
+one draw from the residual, group first (:meth:`otm.verifiers.optimal.GroupedRule.draw_residual`).
 :func:`law` enumerates the walk's paths, the restricted-growth sequences of
 length k (Bell(k): 2, 5, 15, 52, 203, 877, 4140 for k = 2..8), vectorised.
 
@@ -182,7 +182,7 @@ def _race_selection(theta, key1, key2, paths):
     return (probs * survive.prod(axis=3)).sum(axis=2)  # [R, j]
 
 
-def _selection_given(rl: optimal.Rule, draft: np.ndarray, d: np.ndarray, rest: float | None = None):
+def _selection_given(rl: optimal.GroupedRule, draft: np.ndarray, d: np.ndarray, rest: float | None = None):
     """``(sel, x_s)``: exact P(selected = s_j | S) over the k drafts, and the iid rule's x at them."""
     theta, key1, key2, x_s = rl.at(d)
     q_s = draft[d]
@@ -199,7 +199,7 @@ def _accept_prob(p_s, x_s):
         return np.where(x_s > 0, np.minimum(1.0, p_s / np.where(x_s > 0, x_s, 1.0)), 0.0)
 
 
-def _law(rl: optimal.Rule, target, draft, d) -> np.ndarray:
+def _law(rl: optimal.GroupedRule, target, draft, d) -> np.ndarray:
     sel, x_s = _selection_given(rl, draft, d)
     acc = _accept_prob(target[d], x_s)
     out = np.zeros(target.size)
@@ -210,7 +210,7 @@ def _law(rl: optimal.Rule, target, draft, d) -> np.ndarray:
     return out
 
 
-def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: float | None = None) -> Outcome:
+def _sample(rl: optimal.GroupedRule, target, draft, d, rng: np.random.Generator, rest: float | None = None) -> Outcome:
     q_s = draft[d]
     path = walk(q_s, mass_outside(draft, d) if rest is None else rest, rng.random(d.size - 1))
     theta, key1, key2, x_s = rl.at(d)
@@ -220,7 +220,7 @@ def _sample(rl: optimal.Rule, target, draft, d, rng: np.random.Generator, rest: 
     return serve_selected(rng, d, j, target[d[j]], x_s[j], rl.draw_residual, target)
 
 
-def sample_rows(rl: optimal.Rule, target, draft, d: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sample_rows(rl: optimal.GroupedRule, target, draft, d: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_sample` for many rows sharing one rule, with each row's uniforms given in the sampler's
     order (``u [n, 2k + 1]``: walk ``0..k-2``, race passes ``k-1..2k-2``, accept test ``2k-1``, residual
     draw ``2k``): ``(token [n], accepted [n])``, -1 where no draft is named. The same float64 operations
@@ -262,7 +262,7 @@ def _check_k(d: np.ndarray) -> None:
         raise OtmError(f"optimal_embedded.law enumerates Bell(k) walk paths up to k = {MAX_K}, got k = {d.size}")
 
 
-def rule(target, draft, k: int) -> optimal.Rule:
+def rule(target, draft, k: int) -> optimal.GroupedRule:
     """The iid rule the drafts' embedded sequence is verified by: :func:`otm.verifiers.optimal.rule`."""
     return optimal.rule(target, draft, k)
 
@@ -314,7 +314,7 @@ def _conditional(rl, target, draft, d, residual=None):
 
 
 @dataclass(frozen=True)
-class Membership:
+class MembershipEstimate:
     """Membership acceptance P(output in S) with its standard error (0 when exact)."""
 
     value: float
@@ -331,7 +331,7 @@ def _wor_sample(rng, logq, k):
 
 
 def membership_acceptance(target, draft, k: int, *, samples: int = MC_SAMPLES, rng=None,
-                          max_tuples: int = EXACT_TUPLES) -> Membership:
+                          max_tuples: int = EXACT_TUPLES) -> MembershipEstimate:
     """P(output in S) over the scheme: exact by enumeration when the ordered tuples number at most
     ``max_tuples``, else the mean over ``samples`` draft sets S (Gumbel-top-k) of the exact
     conditional membership acceptance, with its standard error."""
@@ -348,7 +348,7 @@ def membership_acceptance(target, draft, k: int, *, samples: int = MC_SAMPLES, r
     if scheme.n_tuples() <= max_tuples:
         tuples, probs = scheme.enumerate()
         val = sum(pr * _conditional(rl, p, q, t, res)[1] for t, pr in zip(tuples, probs))
-        return Membership(float(val), 0.0, "exact")
+        return MembershipEstimate(float(val), 0.0, "exact")
     if samples < 2:
         raise OtmError(f"membership_acceptance needs samples >= 2 for a standard error, got {samples}")
     rng = np.random.default_rng(rng)
@@ -359,7 +359,7 @@ def membership_acceptance(target, draft, k: int, *, samples: int = MC_SAMPLES, r
     gain = np.array([np.subtract(*_conditional(rl, p, q, _wor_sample(rng, logq, k), res)[::-1])
                      for _ in range(samples)])
     value = rl.acceptance + float(gain.mean())
-    return Membership(value, float(gain.std(ddof=1) / np.sqrt(samples)), "monte_carlo", samples)
+    return MembershipEstimate(value, float(gain.std(ddof=1) / np.sqrt(samples)), "monte_carlo", samples)
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ class EmbeddedBound(OptimalBound):
     iid optimum the rule is built on, and its rule."""
 
     alpha_iid: float = float("nan")
-    rule: optimal.Rule | None = None
+    rule: optimal.GroupedRule | None = None
 
 
 def bind(target, scheme) -> EmbeddedBound:
@@ -402,5 +402,5 @@ def bind(target, scheme) -> EmbeddedBound:
                          alpha_iid=alpha_iid, rule=rl)
 
 
-__all__ = ["EmbeddedBound", "Membership", "MAX_K", "walk_paths", "walk_weights", "walk", "rule", "law", "sample",
+__all__ = ["EmbeddedBound", "MembershipEstimate", "MAX_K", "walk_paths", "walk_weights", "walk", "rule", "law", "sample",
            "acceptance", "conditional_acceptance", "membership_acceptance", "bind"]

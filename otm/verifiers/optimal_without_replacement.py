@@ -107,6 +107,7 @@ from scipy.optimize import isotonic_regression
 from scipy.special import logsumexp, softmax
 
 from ..laws import OtmError, check_k, check_law
+from .embedding import require_distinct
 from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
 from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
 
@@ -195,7 +196,7 @@ def _x_star(lam, target, vertex):
 
 
 @dataclass(frozen=True)
-class Plan:
+class LucePlan:
     """One position's rule: layers, Luce log-weights, the exact selection law and its acceptance."""
 
     x: np.ndarray  # [V] exact selection law of the rule (from theta)
@@ -241,7 +242,7 @@ def _luce(sets, mass, first, inl, theta, V, which, hess):
     return x, phi, H
 
 
-def build(target, draft, k: int) -> Plan:
+def build(target, draft, k: int) -> LucePlan:
     """The layered Luce rule for one position (exact law by enumeration of the draft sets)."""
     target = check_law(target, "target")
     draft = check_law(draft, "draft", size=target.size)
@@ -292,15 +293,11 @@ def build(target, draft, k: int) -> Plan:
             xl, _, _ = _luce(sets, mass, first, inl, theta, V, L, False)
         x[toks] = xl[toks]
     acc = float(np.minimum(x, target).sum())
-    return Plan(x, x_star, layer, theta, acc, float(np.minimum(x_star, target).sum()), np.maximum(target - x, 0.0))
+    return LucePlan(x, x_star, layer, theta, acc, float(np.minimum(x_star, target).sum()), np.maximum(target - x, 0.0))
 
 
-def _distinct(d):
-    if np.unique(d).size != d.size:
-        raise OtmError("optimal_without_replacement needs distinct drafts (drawn without replacement)")
 
-
-def selection_law(plan: Plan, drafts) -> np.ndarray:
+def selection_law(plan: LucePlan, drafts) -> np.ndarray:
     """Exact P(selected = y | drafts): Luce among the drafts of the first occupied layer."""
     d = np.asarray(drafts, dtype=np.int64).reshape(-1)
     lay = plan.layer[d]
@@ -310,7 +307,7 @@ def selection_law(plan: Plan, drafts) -> np.ndarray:
     return out
 
 
-def _law(plan: Plan, target, d) -> np.ndarray:
+def _law(plan: LucePlan, target, d) -> np.ndarray:
     sel = selection_law(plan, d)
     hit = sel > 0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -322,7 +319,7 @@ def _law(plan: Plan, target, d) -> np.ndarray:
     return out
 
 
-def _sample(plan: Plan, target, d, rng: np.random.Generator) -> Outcome:
+def _sample(plan: LucePlan, target, d, rng: np.random.Generator) -> Outcome:
     lay = plan.layer[d]
     idx = np.flatnonzero(lay == lay.min())
     w = np.exp(plan.theta[d[idx]] - plan.theta[d[idx]].max())
@@ -334,7 +331,7 @@ def _sample(plan: Plan, target, d, rng: np.random.Generator) -> Outcome:
 def law(target, draft, drafts) -> np.ndarray:
     """Exact output law given the k = len(drafts) distinct drafts."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "optimal_without_replacement")
     return _law(build(target, draft, d.size), target, d)
 
 
@@ -342,7 +339,7 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     """One verification: Luce choice in the first occupied layer (one uniform), SD accept (one),
     residual draw if rejected."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "optimal_without_replacement")
     return _sample(build(target, draft, d.size), target, d, rng)
 
 
@@ -363,7 +360,7 @@ def bind(target, scheme) -> OptimalBound:
 
     def _check(drafts):
         t, _, d = check_inputs(target, scheme.draft, drafts, k)
-        _distinct(d)
+        require_distinct(d, "optimal_without_replacement")
         return t, d
 
     def _law_b(drafts):
@@ -378,5 +375,5 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "Target", "OptimalBound", "MAX_SETS", "build", "selection_target", "selection_law", "law",
+__all__ = ["LucePlan", "Target", "OptimalBound", "MAX_SETS", "build", "selection_target", "selection_law", "law",
            "sample", "acceptance", "bind"]

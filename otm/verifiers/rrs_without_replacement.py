@@ -66,18 +66,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..laws import OtmError, check_k, check_law
+from .embedding import require_distinct
 from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
 
-
-def _distinct(d: np.ndarray) -> None:
-    if np.unique(d).size != d.size:
-        raise OtmError("rrs_without_replacement needs distinct drafts (drawn without replacement)")
 
 
 def law(target, draft, drafts) -> np.ndarray:
     """Exact output law given the ordered drafts."""
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "rrs_without_replacement")
     out = np.zeros_like(target)
     current, proposal = target, draft  # p_i, q_i
     stay = 1.0
@@ -98,7 +95,7 @@ def law(target, draft, drafts) -> np.ndarray:
 
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     target, draft, d = check_inputs(target, draft, drafts)
-    _distinct(d)
+    require_distinct(d, "rrs_without_replacement")
     current, proposal = target, draft
     for i, x in enumerate(d):
         if accept(rng, current[x], proposal[x]):

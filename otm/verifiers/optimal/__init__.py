@@ -127,7 +127,7 @@ vocabulary), races *groups* of tokens instead:
 The law is exact whatever the groups (step 3); the acceptance is
 :math:`\sum_G \min(x_G, P_G)` when nothing straddles, which equals the optimum over
 group-closed cuts, :math:`\alpha_G \ge \alpha^*`, and so is :math:`\alpha^*` itself.
-``Plan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
+``RacePlan.gap_bound = alpha_groups - acceptance`` bounds the gap from above without a
 sort. Measured (tests and ``analysis/bench_verify.py --optimal-only``): gap below
 1e-12 on every peaked and real law tried at V = 49152, k = 2, 4, 8, usually after one
 group layout. Per position: O(V) passes (the ratio's bits, two weighted bincounts, the
@@ -135,7 +135,7 @@ tokens of the two single sub-buckets),
 one group layout, and O(k) for the race and the accept test; after a rejection, the draw
 from :math:`\mathrm{norm}((p - x)_+)` goes group first (inverse CDF over the groups' residual
 masses :math:`(P_G - x_G)_+`), then to a token of that group (one pass over the sub-bucket
-ids): :meth:`Rule.draw_residual`, never the O(V) residual itself. Times:
+ids): :meth:`GroupedRule.draw_residual`, never the O(V) residual itself. Times:
 ``docs/torch_verifiers.md``.
 
 >>> round(acceptance([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), 6)  # alpha* = 0.2 + 1 - 0.6**2
@@ -151,17 +151,17 @@ import numpy as np
 from ...laws import OtmError, check_k, check_law
 from ..base import Bound, Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
 from .groups import rule_steps
-from .layout import Plan, layout_rows
-from .lazy import Rule, Scaled
+from .layout import RacePlan, layout_rows
+from .lazy import GroupedRule, Scaled
 from .reference import build_tokens, selection_law
 
 
-def build(target, draft, k: int, *, group_bits: int | None = None) -> Plan:
+def build(target, draft, k: int, *, group_bits: int | None = None) -> RacePlan:
     """The selection rule for one position, every token's arrays at once: ``rule(...).plan()``."""
     return rule(target, draft, k, group_bits=group_bits).plan()
 
 
-def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
+def rule(target, draft, k: int, *, group_bits: int | None = None) -> GroupedRule:
     r"""The selection rule for one position, racing groups of tokens of nearly equal ratio.
 
     Tokens are cut into groups consecutive in the ratio order (``2**group_bits`` buckets per
@@ -194,12 +194,12 @@ def rule(target, draft, k: int, *, group_bits: int | None = None) -> Rule:
     return checked_rule(p, q, check_k(k), group_bits)
 
 
-def checked_rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -> Rule:
+def checked_rule(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None = None) -> GroupedRule:
     """:func:`rule` on checked, normalised float64 laws."""
     return drive_rules([rule_steps(p, q, k, group_bits)], k)[0]
 
 
-def rules(targets, drafts, k: int) -> list[Rule]:
+def rules(targets, drafts, k: int) -> list[GroupedRule]:
     """:func:`rule` of every row of ``targets``, ``drafts`` (``[rows, V]``), the rows' group layouts
     solved together (:func:`layout_rows`): each row's rule is the one :func:`rule` gives it alone,
     bit for bit. Each row is checked and normalised by :func:`otm.laws.check_law`."""
@@ -211,12 +211,12 @@ def rules(targets, drafts, k: int) -> list[Rule]:
     return checked_rules(np.array([t for t, _ in rows]), np.array([d for _, d in rows]), k)
 
 
-def checked_rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[Rule]:
+def checked_rules(targets: np.ndarray, drafts: np.ndarray, k: int) -> list[GroupedRule]:
     """:func:`rules` on checked, normalised float64 rows."""
     return drive_rules([rule_steps(t, d, k, None) for t, d in zip(targets, drafts)], k)
 
 
-def drive_rules(steps, k: int) -> list[Rule]:
+def drive_rules(steps, k: int) -> list[GroupedRule]:
     """Run :func:`rule_steps` generators in lock step: each round's group layouts in one call."""
     out: list = [None] * len(steps)
     pending = {i: next(s) for i, s in enumerate(steps)}
@@ -232,7 +232,7 @@ def drive_rules(steps, k: int) -> list[Rule]:
     return out
 
 
-def _law(plan: Plan, target: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _law(plan: RacePlan, target: np.ndarray, d: np.ndarray) -> np.ndarray:
     sel = selection_law(plan, d)
     hit = sel > 0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -244,7 +244,7 @@ def _law(plan: Plan, target: np.ndarray, d: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sample(plan: Plan, target: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> Outcome:
+def _sample(plan: RacePlan, target: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> Outcome:
     u = rng.random(d.size)
     keys = np.where(u < plan.theta[d], plan.key1[d], plan.key2[d])
     i = int(np.argmin(keys))
@@ -260,8 +260,8 @@ def law(target, draft, drafts) -> np.ndarray:
 def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     """One verification: race selection (k uniforms), SD accept (one), residual draw if rejected.
 
-    The rule is evaluated lazily (:class:`Rule`): at the k drafts, and after a rejection the
-    residual is drawn group first (:meth:`Rule.draw_residual`); the same selection and accept
+    The rule is evaluated lazily (:class:`GroupedRule`): at the k drafts, and after a rejection the
+    residual is drawn group first (:meth:`GroupedRule.draw_residual`); the same selection and accept
     decisions as :func:`_sample` on ``rule.plan()`` (whose residual draw is the inverse CDF over
     the tokens: the same law, another token for the same uniform).
     """
@@ -269,7 +269,7 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     return _sample_rule(checked_rule(target, draft, d.size), d, rng)
 
 
-def _sample_rule(rl: Rule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
+def _sample_rule(rl: GroupedRule, d: np.ndarray, rng: np.random.Generator) -> Outcome:
     u = rng.random(d.size)
     theta, key1, key2, x = rl.at(d)
     i = int(np.argmin(np.where(u < theta, key1, key2)))
@@ -285,11 +285,11 @@ def acceptance(target, draft, k: int) -> float:
 class OptimalBound(Bound):
     """:class:`Bound` plus the rule's own acceptance, the optimum and the gap between them
     (``bind`` of this module and of :mod:`otm.verifiers.optimal_without_replacement`; ``plan`` is
-    that module's ``Plan``)."""
+    that module's ``RacePlan``)."""
 
     acceptance: float = float("nan")
     alpha_star: float = float("nan")
-    plan: Plan | None = None
+    plan: RacePlan | None = None
 
     @property
     def gap(self) -> float:
@@ -319,4 +319,4 @@ def bind(target, scheme) -> OptimalBound:
     return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["Plan", "Rule", "Scaled", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["RacePlan", "GroupedRule", "Scaled", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]

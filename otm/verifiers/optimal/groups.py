@@ -9,7 +9,7 @@ import functools
 import numpy as np
 
 from ...laws import OtmError
-from .lazy import Rule, Scaled, tokens_in
+from .lazy import GroupedRule, Scaled, tokens_in
 
 GROUP_BITS = 3
 """Ratio groups per octave of target/draft: ``2**GROUP_BITS`` (the top bits of the float's mantissa)."""
@@ -259,7 +259,7 @@ def rule_steps(p: np.ndarray, q: np.ndarray, k: int, group_bits: int | None, law
     f_hi[gw] = f_lo[gw] + per
     g_tok = np.full(G, -1, dtype=np.int64)
     g_tok[ug[is_t]] = tok[u_r[is_t]]
-    return Rule(pl, ql, fid, base_f, tok[perm], ug[is_t][perm] if tok.size else tok, t1, t0, x0, xd,
+    return GroupedRule(pl, ql, fid, base_f, tok[perm], ug[is_t][perm] if tok.size else tok, t1, t0, x0, xd,
                 key1_g, key2_g, float(acc_g.sum()), alpha_g, lf, res_g, f_lo, f_hi, g_tok)
 
 

@@ -36,7 +36,7 @@ def dpow(a: np.ndarray, b: np.ndarray, d: np.ndarray, k: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RacePlan:
     """One position's selection rule: per-token pass-1 probability, race keys, selection law."""
 
     x: np.ndarray  # [V] exact selection law P(selected = y)

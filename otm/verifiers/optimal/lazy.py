@@ -1,4 +1,4 @@
-"""One position's grouped rule, kept lazily: :class:`Scaled` laws and the :class:`Rule` evaluated at the
+"""One position's grouped rule, kept lazily: :class:`Scaled` laws and the :class:`GroupedRule` evaluated at the
 tokens asked (module doc of :mod:`otm.verifiers.optimal`, "Groups")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import Plan
+from .layout import RacePlan
 
 
 def tokens_in(gid: np.ndarray, buckets: np.ndarray) -> np.ndarray:
@@ -48,7 +48,7 @@ class Scaled:
 
 
 @dataclass(frozen=True)
-class Rule:
+class GroupedRule:
     """One position's grouped rule (:func:`rule`), evaluated lazily.
 
     Per token asked: O(1) (its group from its ratio's bits, then the group's coefficients:
@@ -224,9 +224,9 @@ class Rule:
                 out[i] = int(t)
         return out
 
-    def plan(self) -> Plan:
+    def plan(self) -> RacePlan:
         """Every token's arrays at once (the form :func:`selection_law` and the tests read)."""
         theta, key1, key2, x = self.at()
-        return Plan(x, theta, key1, key2, self.acceptance, np.maximum(self.target - x, 0.0),
+        return RacePlan(x, theta, key1, key2, self.acceptance, np.maximum(self.target - x, 0.0),
                     self.groups(), self.alpha_groups)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...laws import check_k, check_law
-from .layout import Plan, layout
+from .layout import RacePlan, layout
 
 
-def build_tokens(target, draft, k: int) -> Plan:
+def build_tokens(target, draft, k: int) -> RacePlan:
     """The token-level construction (module docstring): O(V log V), every token its own race key.
 
     The reference the grouped :func:`build` reduces to when every group is one token; at
@@ -20,11 +20,11 @@ def build_tokens(target, draft, k: int) -> Plan:
     k = check_k(k)
     x, theta, key1, key2, _ = layout(p, q, k)
     acc = float(np.minimum(x, p).sum())
-    return Plan(x, theta, key1, key2, acc, np.maximum(p - x, 0.0))
+    return RacePlan(x, theta, key1, key2, acc, np.maximum(p - x, 0.0))
 
 
 
-def selection_law(plan: Plan, drafts: np.ndarray) -> np.ndarray:
+def selection_law(plan: RacePlan, drafts: np.ndarray) -> np.ndarray:
     """Exact P(selected = y | drafts): each position's key is its token's pass-1 key w.p. theta,
     else its pass-2 key; the smallest key wins, the first position on ties (as ``argmin``)."""
     d = np.asarray(drafts, dtype=np.int64).reshape(-1)
