@@ -204,7 +204,7 @@ def _laws_arg(text: str, name: str) -> np.ndarray:
 
 
 def _cmd_certify_kernel(args) -> int:
-    """``--kind chain`` / ``--kind tree``: an engine's kernel in its own layout (issue 29)."""
+    """``--kind chain`` / ``--kind tree``: an engine's kernel in its own layout."""
     from .certify import load_rule
 
     if args.target is not None or args.draft is not None or args.delay is not None:

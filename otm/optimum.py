@@ -19,48 +19,12 @@ ascending (Hu et al. [1]_; proved below), so
 
 an :math:`O(V \log V)` sort and one scan, given :math:`Q(H_j)` for every prefix.
 
-**Why a prefix (a proof).** Write :math:`\Delta_x(S) = Q(S + x) - Q(S) = P(\text{drafts}
-\subseteq S + x,\ x \text{ drafted})`. Everything follows from the *exchange
-inequality*: for every set S and tokens :math:`a \ne b` outside S with positive draft mass,
-
-.. math::
-
-    (E) \qquad \Delta_a(S + b) / q_a \;\ge\; \Delta_b(S) / q_b .
-
-*Proof of (E), without replacement.* Successive sampling is the order in which
-independent clocks :math:`E_x \sim \mathrm{Exp}(q_x)` ring. For :math:`u \in U`,
-:math:`R = U - u`, :math:`c_U = q(\Sigma \setminus U)`: the drafts lie in U and include u
-iff fewer than k clocks of R ring before :math:`E_u` and
-:math:`M_R = \max(E_u, \tau_{k-1}(R))` (:math:`\tau_m` the m-th ring, :math:`\tau_0 = 0`)
-comes before the first ring outside U; conditioning on :math:`E_u = t`,
-
-.. math::
-
-    \Delta_u(R) / q_u = \int_0^\infty e^{-q_u t}\,
-        E\big[1\{N_R(t) < k\}\, e^{-c_U \max(t, \tau_{k-1}(R))}\big]\, dt .
-
-Take :math:`u = b, R = S` (then :math:`c_U = c_0 + q_a`, :math:`c_0 = q(\Sigma \setminus (S + a + b))`)
-and :math:`u = a, R = S + b` (:math:`c_U = c_0`). Pointwise in t, with :math:`M_R(t) =
-\max(t, \tau_{k-1}(R))`:
-:math:`e^{-q_b t} E[1\{N_S(t) < k\} e^{-(c_0 + q_a) M_S}] \le e^{-q_a t}
-E[1\{E_b > t\} 1\{N_S(t) < k\} e^{-c_0 M_S}] \le e^{-q_a t} E[1\{N_{S+b}(t) < k\}
-e^{-c_0 M_{S+b}}]` -- the first step as :math:`M_S \ge t`, the second as on
-:math:`\{E_b > t\}` the count :math:`N_{S+b}(t) = N_S(t)` and :math:`\tau_{k-1}(S + b) \le
-\tau_{k-1}(S)`. Integrating gives (E). (For iid drafts, :math:`Q = q(H)^k` and (E) is the
-convexity of :math:`x^k`.)
-
-*(E) gives the prefix.* Let H be a minimiser; drop its zero-draft tokens (Q is unchanged, p
-does not grow). For :math:`a \notin H`, :math:`b \in H`: optimality gives
-:math:`p_a \ge \Delta_a(H)` and :math:`p_b \le \Delta_b(H - b)`, so by (E)
-:math:`p_a / q_a \ge \Delta_a(H)/q_a \ge \Delta_b(H - b)/q_b \ge p_b / q_b`: no token outside
-has a smaller ratio than one inside, and on a tie :math:`H + a` is a minimiser too. So
-:math:`\{x : q_x > 0,\ p_x/q_x \le r^*\}`, :math:`r^*` the largest ratio in H, is a
-minimiser: a prefix of the ratio order whatever the order among ties. The ratio is a
-correctly rounded quotient, so the float order can only swap tokens whose ratios round
-alike; by (E) the prefix minimum then exceeds :math:`\alpha^*` by at most
-:math:`2 \epsilon\, p(\text{those tokens}) \le 2.3 \cdot 10^{-16}`. Also from (E): along any
-order, :math:`(Q(H_j) - Q(H_{j-1}))/q_{x_j}` never decreases, i.e. Q is *convex in the
-draft mass* :math:`q(H_j)` (used by :mod:`otm.race_window`).
+**Why a prefix.** With :math:`\Delta_x(S) = Q(S + x) - Q(S)`, the *exchange inequality*
+:math:`(E)\; \Delta_a(S + b) / q_a \ge \Delta_b(S) / q_b` (every set S, tokens :math:`a \ne b` outside S
+with positive draft mass) holds for iid drafts and drafts without replacement; it gives that a prefix of
+the ratio order is a minimiser (the float order costs at most :math:`2 \epsilon\, p \le 2.3 \cdot 10^{-16}`),
+and that Q is *convex in the draft mass* along any order (used by :mod:`otm.race_window`). Proof:
+``docs/theory.md``, section 2, "The prefix property".
 
 Evidence beyond the proof: the brute-force search ``analysis/research/prefix_property_search.py``
 (random families and Nelder-Mead attacks, V = 3..8, k = 2..5) found no prefix gap above

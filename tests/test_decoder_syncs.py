@@ -1,4 +1,4 @@
-"""The decoder's host reads per step (issue 30, item 2): each is a device sync on a GPU.
+"""The decoder's host reads per step: each is a device sync on a GPU.
 
 Counted with ``count_host_reads`` (:mod:`otm.decode.host_reads`) on a tiny random-weight Llama pair, with the
 torch verifiers' device path (``otm.torch._rho.FORCE_DEVICE_PATH``: what a GPU runs) and ``validate=False``:

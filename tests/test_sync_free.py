@@ -1,4 +1,4 @@
-"""The torch verifiers' device path reads nothing back from the device (issue 30, item 1).
+"""The torch verifiers' device path reads nothing back from the device.
 
 A value read back to the host (``.item()``, ``bool(tensor)``, ``nonzero``, a copy to numpy) is a device sync:
 it stalls a GPU stream, and it breaks a CUDA graph or a ``torch.compile(fullgraph=True)`` graph. On the CPU

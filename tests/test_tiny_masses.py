@@ -1,7 +1,7 @@
 """Equal and nearly equal laws with tiny masses (1e-6 .. 1e-14): every rule for drafts without
 replacement, and K-SEQ's division factor, which they start from.
 
-Two bugs lived here (issue 26). ``kseq.rho_star`` returned k instead of ~1 on near-identical laws
+Two bugs are guarded here. ``kseq.rho_star`` returned k instead of ~1 on near-identical laws
 where the direct ``g(1)`` is a rounding-level 1e-16 above zero and the segment form exactly zero (an
 index of -1 picked the last breakpoint): every rule built on it ran at rho = k. And
 ``kseq_without_replacement``'s root search could not see the valid region just above a root where

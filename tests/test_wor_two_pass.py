@@ -1,4 +1,4 @@
-"""``analysis/research/wor_two_pass.py`` (research, issue 15 item 3 part 2): the two-pass coins rule's law by the
+"""``analysis/research/wor_two_pass.py`` (research): the two-pass coins rule's law by the
 race quadrature equals the enumerated law, and its Gauss-Seidel fit reaches alpha* on small cases."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""Certify an engine's chain verifier in the engine's own layout (issue 29).
+r"""Certify an engine's chain verifier in the engine's own layout.
 
 A *chain kernel* verifies one draft chain per row: L draft tokens :math:`x_1..x_L` drawn one after
 another from the draft's laws :math:`q_i = q(\cdot \mid c, x_{<i})`, the target's laws

@@ -88,7 +88,7 @@ What is proved, what is measured, what is missing
   of the race's generating functions, integrated over the Luce key) -- not done. The cheap rules
   with exact laws at any V lose up to all of :math:`\alpha^*` on adversarial small laws (ratio
   priority, layered earliest draw, two-order mixtures: worst acceptance/alpha* below 1e-4).
-  Since then: :mod:`otm.verifiers.optimal_embedded` is exact at any V with acceptance at least
+  Beside it: :mod:`otm.verifiers.optimal_embedded` is exact at any V with acceptance at least
   :math:`\alpha^*_{iid}` (close to :math:`\alpha^*` except on sharp draft laws), and
   ``analysis/research/wor_two_pass.py`` computes a two-pass layered rule's law by the race quadrature at
   V = 49152 (gap 3e-13 to 6e-5, but minutes per position); :mod:`otm.verifiers.kseq_without_replacement`
