@@ -55,6 +55,17 @@ class Bound:
     sample: Callable[[np.ndarray, np.random.Generator], Outcome]
 
 
+def binder(law: Callable, sample: Callable) -> Callable:
+    """``bind(target, scheme)`` of a rule with no per-position set-up: its ``law(target, draft, drafts)`` and
+    ``sample(target, draft, drafts, rng)`` with the scheme's draft (the one bind the simple rules share)."""
+
+    def bind(target, scheme) -> Bound:
+        return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+
+    bind.__doc__ = "Bind the rule to one position's ``target`` and scheme (:func:`otm.verifiers.base.binder`)."
+    return bind
+
+
 def check_inputs(target, draft, drafts, k: int | None = None):
     """Validate and convert; returns ``(target, draft, drafts)`` as float64/float64/int64."""
     target = check_law(target, "target")

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..laws import OtmError, check_law
 from ..schemes import Greedy
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Outcome, accept, binder, check_inputs, positive_part, residual_law, residual_sample
 
 
 def _parts(target, draft, k):
@@ -84,5 +84,4 @@ def acceptance(target, draft, k: int) -> float:
     return float(target[scheme.fixed].sum() + np.minimum(target, scheme.last)[scheme.rest_mask].sum())
 
 
-def bind(target, scheme) -> Bound:
-    return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+bind = binder(law, sample)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..laws import check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample  # noqa: F401
+from .base import Outcome, accept, binder, check_inputs, positive_part, residual_law, residual_sample  # noqa: F401
 
 
 def law(target, draft, drafts) -> np.ndarray:
@@ -68,5 +68,4 @@ def acceptance(target, draft, k: int) -> float:
     return 1.0 - reject
 
 
-def bind(target, scheme) -> Bound:
-    return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+bind = binder(law, sample)

@@ -67,7 +67,7 @@ import numpy as np
 
 from ..laws import OtmError, check_k, check_law
 from .embedding import require_distinct
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Outcome, accept, binder, check_inputs, positive_part, residual_law, residual_sample
 
 
 
@@ -109,8 +109,7 @@ def sample(target, draft, drafts, rng: np.random.Generator) -> Outcome:
     return Outcome(residual_sample(rng, current, current), None)
 
 
-def bind(target, scheme) -> Bound:
-    return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+bind = binder(law, sample)
 
 
 # ---- acceptance (module docstring: rejection-path sum and its Monte Carlo) ----

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..laws import OtmError, check_law
 from ..schemes import SpecHub
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Outcome, accept, binder, check_inputs, positive_part, residual_law, residual_sample
 
 
 @dataclass(frozen=True)
@@ -127,5 +127,4 @@ def acceptance(target, draft) -> float:
     return float(target[a] + np.delete(np.minimum(target, scheme.others), a).sum())
 
 
-def bind(target, scheme) -> Bound:
-    return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+bind = binder(law, sample)

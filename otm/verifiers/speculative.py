@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..laws import check_law
-from .base import Bound, Outcome, accept, check_inputs, positive_part, residual_law, residual_sample
+from .base import Outcome, accept, binder, check_inputs, positive_part, residual_law, residual_sample
 
 
 def law(target, draft, drafts) -> np.ndarray:
@@ -51,5 +51,4 @@ def acceptance(target, draft) -> float:
     return float(np.minimum(target, check_law(draft, "draft", size=target.size)).sum())
 
 
-def bind(target, scheme) -> Bound:
-    return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+bind = binder(law, sample)
