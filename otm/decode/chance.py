@@ -163,11 +163,12 @@ class Sampled(Chance):
         return ot.sample_iid(target, 1, generator=self.generator, validate=self.validate)[:, 0]  # [B]
 
 
-def _builtin_laws() -> dict[int, Callable]:
-    """``id(torch verifier) -> numpy exact law`` for the built-in rules (``otm.torch.VERIFIERS``)."""
+def _builtin_law(verifier: Callable) -> Callable | None:
+    """The numpy exact law of a built-in torch verifier (the registry's record of the same name), else None."""
     from ..verifiers import VERIFIERS as NUMPY_VERIFIERS
 
-    return {id(fn): NUMPY_VERIFIERS[name].module.law for name, fn in ot.VERIFIERS.items()}
+    name = next((n for n, fn in ot.VERIFIERS.items() if fn is verifier), None)
+    return NUMPY_VERIFIERS[name].module.law if name is not None else None
 
 
 def exact_law_of(verifier: Callable) -> Callable:
@@ -176,7 +177,7 @@ def exact_law_of(verifier: Callable) -> Callable:
     (``otm.torch.kseq`` -> ``otm.verifiers.kseq.law``, ...). One-line OtmError otherwise."""
     law = getattr(verifier, "law", None)
     if law is None:
-        law = _builtin_laws().get(id(verifier))
+        law = _builtin_law(verifier)
     if law is None or not callable(law):
         name = getattr(verifier, "__name__", type(verifier).__name__)
         raise OtmError(
