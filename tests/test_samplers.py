@@ -16,7 +16,7 @@ from otm.laws import categorical, positive_part
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
 from otm.verifiers import VERIFIERS, greedy, kseq, rrs, spechub
-from otm.verifiers.base import Bound, Outcome
+from otm.verifiers.base import BoundVerifier, Outcome
 
 N = 20_000
 ALPHA = 1e-3
@@ -26,12 +26,12 @@ DRAFT = np.array([0.1, 0.3, 0.1, 0.25, 0.1, 0.15])
 V = TARGET.size
 
 
-def cells(bound: Bound, scheme) -> np.ndarray:
+def cells(bound: BoundVerifier, scheme) -> np.ndarray:
     """Exact P(output = y, output in drafts) for the 2V cells (y, member)."""
     return membership_cells(bound.law, scheme, V)
 
 
-def counts(bound: Bound, scheme, seed: int) -> np.ndarray:
+def counts(bound: BoundVerifier, scheme, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     c = np.zeros(2 * V)
     for _ in range(N):
@@ -63,12 +63,12 @@ def bug_speculative(target, scheme):
         y = categorical(rng, target)
         return Outcome(y, 0 if y == x else None)
 
-    return Bound(law, sample)
+    return BoundVerifier(law, sample)
 
 
 def bug_kseq(target, scheme):
     """K-SEQ with rho = 1: accept every draft with min(1, p/q) (invalid for k >= 2)."""
-    return Bound(
+    return BoundVerifier(
         lambda d: kseq.law(target, scheme.draft, d, rho=1.0),
         lambda d, rng: kseq.sample(target, scheme.draft, d, rng, rho=1.0),
     )
@@ -93,12 +93,12 @@ def bug_rrs(target, scheme):
         hit = np.flatnonzero(d == y)
         return Outcome(y, int(hit[0]) if hit.size else None)
 
-    return Bound(law, sample)
+    return BoundVerifier(law, sample)
 
 
 def bug_rrs_without_replacement(target, scheme):
     """Forgets to remove the rejected draft from q: RRS with replacement on distinct drafts."""
-    return Bound(
+    return BoundVerifier(
         lambda d: rrs.law(target, scheme.draft, d),
         lambda d, rng: rrs.sample(target, scheme.draft, d, rng),
     )
@@ -124,7 +124,7 @@ def bug_greedy(target, scheme):
         hit = np.flatnonzero(d == y)
         return Outcome(y, int(hit[0]) if hit.size else None)
 
-    return Bound(law, sample)
+    return BoundVerifier(law, sample)
 
 
 def bug_spechub(target, scheme):
@@ -141,7 +141,7 @@ def bug_spechub(target, scheme):
         hit = np.flatnonzero(d == o.token)
         return Outcome(o.token, int(hit[0]) if hit.size else None)
 
-    return Bound(law, sample)
+    return BoundVerifier(law, sample)
 
 
 def bug_lp_optimal(target, scheme):

@@ -21,7 +21,7 @@ name                        scheme(s)                      source
                                                            here): acceptance >= alpha*_wor / 2, >= K-SEQ
 =========================== ============================== ===================================
 
-``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.Bound`
+``VERIFIERS[name].bind(target, scheme)`` returns a :class:`~otm.verifiers.base.BoundVerifier`
 with ``law(drafts)`` and ``sample(drafts, rng)``; the modules also expose
 ``law(target, draft, drafts)`` and ``sample(target, draft, drafts, rng)`` directly.
 ``VERIFIERS[name].acceptance(target, draft, k)`` is the closed form or exact formula, with how it was computed.
@@ -40,7 +40,7 @@ from ..schemes import Scheme
 from . import (greedy, kseq, kseq_without_replacement, lp_optimal, optimal, optimal_embedded, optimal_without_replacement, rrs,
                rrs_without_replacement, spechub, speculative)
 from ..laws import OtmError
-from .base import NOT_ACCEPTED, Bound, Outcome
+from .base import NOT_ACCEPTED, BoundVerifier, Outcome
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Verifier:
             return scheme.k == 1 and scheme.draft is not None
         return "*" in self.schemes or scheme.name in self.schemes
 
-    def bind(self, target, scheme: Scheme) -> Bound:
+    def bind(self, target, scheme: Scheme) -> BoundVerifier:
         return self.module.bind(target, scheme)
 
     @property
@@ -132,4 +132,4 @@ def applicable(scheme: Scheme) -> list[Verifier]:
     return [v for v in VERIFIERS.values() if v.applies(scheme)]
 
 
-__all__ = ["VERIFIERS", "Verifier", "applicable", "decodable", "Outcome", "Bound", "NOT_ACCEPTED"]
+__all__ = ["VERIFIERS", "Verifier", "applicable", "decodable", "Outcome", "BoundVerifier", "NOT_ACCEPTED"]

@@ -48,7 +48,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Bound:
+class BoundVerifier:
     """A verifier bound to one position's ``target`` and scheme."""
 
     law: Callable[[np.ndarray], np.ndarray]
@@ -59,8 +59,8 @@ def binder(law: Callable, sample: Callable) -> Callable:
     """``bind(target, scheme)`` of a rule with no per-position set-up: its ``law(target, draft, drafts)`` and
     ``sample(target, draft, drafts, rng)`` with the scheme's draft (the one bind the simple rules share)."""
 
-    def bind(target, scheme) -> Bound:
-        return Bound(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
+    def bind(target, scheme) -> BoundVerifier:
+        return BoundVerifier(lambda d: law(target, scheme.draft, d), lambda d, rng: sample(target, scheme.draft, d, rng))
 
     bind.__doc__ = "Bind the rule to one position's ``target`` and scheme (:func:`otm.verifiers.base.binder`)."
     return bind
@@ -152,7 +152,7 @@ def draw_and_name(d: np.ndarray, u: float, draw, fallback: np.ndarray) -> Outcom
 __all__ = [
     "NOT_ACCEPTED",
     "Outcome",
-    "Bound",
+    "BoundVerifier",
     "check_inputs",
     "residual_law",
     "serve_selected",

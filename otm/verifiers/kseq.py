@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..laws import check_k, check_law
-from .base import Bound, Outcome, accept, check_inputs, residual_law, residual_sample
+from .base import BoundVerifier, Outcome, accept, check_inputs, residual_law, residual_sample
 
 SAFETY = 1e-14
 """rho* is rounded up by this relative amount so that g(rho) <= 0 holds in floating point."""
@@ -196,13 +196,13 @@ def acceptance(target, draft, k: int) -> float:
     return _p_acc(b, k)
 
 
-def bind(target, scheme) -> Bound:
+def bind(target, scheme) -> BoundVerifier:
     rho = rho_star(target, scheme.draft, scheme.k)
 
     def _rho(d):
         return rho if len(d) == scheme.k else None
 
-    return Bound(
+    return BoundVerifier(
         lambda d: law(target, scheme.draft, d, _rho(d)),
         lambda d, rng: sample(target, scheme.draft, d, rng, _rho(d)),
     )

@@ -113,7 +113,7 @@ from ..laws import OtmError, check_k, check_law
 from ..race_quadrature import default_step, nodes, trapezoid_from_zero
 from . import kseq
 from .base import Outcome, check_inputs, draw_and_name, inverse_cdf_draw, require_scheme, residual_law
-from .optimal import OptimalBound
+from .optimal import OptimalBoundVerifier
 from .embedding import mass_outside, require_distinct, unseen_mass
 
 S0 = 1e-8
@@ -391,14 +391,14 @@ def conditional_acceptance(target, draft, drafts) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class KseqWorBound(OptimalBound):
-    """:class:`OptimalBound` with ``acceptance`` the loop acceptance, ``alpha_star`` the optimum for
+class KseqWorBoundVerifier(OptimalBoundVerifier):
+    """:class:`OptimalBoundVerifier` with ``acceptance`` the loop acceptance, ``alpha_star`` the optimum for
     drafts without replacement (so ``gap`` is the certified shortfall) and the rule."""
 
     rule: TrialsRule | None = None
 
 
-def bind(target, scheme) -> KseqWorBound:
+def bind(target, scheme) -> KseqWorBoundVerifier:
     """Build the rule once for ``target`` and a ``without_replacement`` scheme; refuse others."""
     from ..optimum import optimal_acceptance_of
     from ..schemes import check_target
@@ -423,8 +423,8 @@ def bind(target, scheme) -> KseqWorBound:
         return _sample(rl, d, mass_outside(draft, d), rng)
 
     alpha = optimal_acceptance_of(scheme, target).value
-    return KseqWorBound(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None, rule=rl)
+    return KseqWorBoundVerifier(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None, rule=rl)
 
 
-__all__ = ["Trials", "TrialsRule", "KseqWorBound", "expected_trials", "rule", "law", "sample", "acceptance",
+__all__ = ["Trials", "TrialsRule", "KseqWorBoundVerifier", "expected_trials", "rule", "law", "sample", "acceptance",
            "conditional_acceptance", "bind"]

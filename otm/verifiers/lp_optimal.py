@@ -21,10 +21,10 @@ import numpy as np
 
 from ..laws import categorical
 from ..schemes import check_target
-from .base import Bound, Outcome
+from .base import BoundVerifier, Outcome
 
 
-def bind(target, scheme, *, backend: str = "highs") -> Bound:
+def bind(target, scheme, *, backend: str = "highs") -> BoundVerifier:
     """Solve the scheme's LP once and return its conditional law and sampler."""
     from ..lp import solve_lp  # the LP stack is imported only when this verifier is used
 
@@ -40,4 +40,4 @@ def bind(target, scheme, *, backend: str = "highs") -> Bound:
         hit = np.flatnonzero(d == y)
         return Outcome(y, int(hit[0]) if hit.size else None)
 
-    return Bound(law, sample)
+    return BoundVerifier(law, sample)

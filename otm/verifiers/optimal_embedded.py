@@ -98,7 +98,7 @@ from ..laws import OtmError, check_k, check_law, inverse_cdf
 from . import optimal
 from .embedding import mass_outside, require_distinct, unseen_mass
 from .base import Outcome, check_inputs, require_scheme, residual_law, serve_selected
-from .optimal import OptimalBound
+from .optimal import OptimalBoundVerifier
 
 MAX_K = 8
 """Largest k :func:`law` enumerates the walk for (Bell(8) = 4,140 paths; the race arrays grow as
@@ -363,8 +363,8 @@ def membership_acceptance(target, draft, k: int, *, samples: int = MC_SAMPLES, r
 
 
 @dataclass(frozen=True)
-class EmbeddedBound(OptimalBound):
-    """:class:`OptimalBound` with ``acceptance`` the selection acceptance and ``alpha_star`` the
+class EmbeddedBoundVerifier(OptimalBoundVerifier):
+    """:class:`OptimalBoundVerifier` with ``acceptance`` the selection acceptance and ``alpha_star`` the
     optimum for drafts without replacement (so ``gap`` bounds the shortfall from above), plus the
     iid optimum the rule is built on, and its rule."""
 
@@ -372,7 +372,7 @@ class EmbeddedBound(OptimalBound):
     rule: optimal.GroupedRule | None = None
 
 
-def bind(target, scheme) -> EmbeddedBound:
+def bind(target, scheme) -> EmbeddedBoundVerifier:
     """Build the iid rule once for ``target`` and a ``without_replacement`` scheme; refuse others."""
     from ..optimum import optimal_acceptance_of
     from ..schemes import IID, check_target
@@ -398,9 +398,9 @@ def bind(target, scheme) -> EmbeddedBound:
 
     alpha = optimal_acceptance_of(scheme, target).value
     alpha_iid = optimal_acceptance_of(IID(draft, k), target).value
-    return EmbeddedBound(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None,
+    return EmbeddedBoundVerifier(_law_b, _sample_b, acceptance=rl.acceptance, alpha_star=alpha, plan=None,
                          alpha_iid=alpha_iid, rule=rl)
 
 
-__all__ = ["EmbeddedBound", "MembershipEstimate", "MAX_K", "walk_paths", "walk_weights", "walk", "rule", "law", "sample",
+__all__ = ["EmbeddedBoundVerifier", "MembershipEstimate", "MAX_K", "walk_paths", "walk_weights", "walk", "rule", "law", "sample",
            "acceptance", "conditional_acceptance", "membership_acceptance", "bind"]

@@ -109,7 +109,7 @@ from scipy.special import logsumexp, softmax
 from ..laws import OtmError, check_k, check_law
 from .embedding import require_distinct
 from .base import Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
-from .optimal import OptimalBound  # the same bound: the rule's acceptance, alpha* and their gap
+from .optimal import OptimalBoundVerifier  # the same bound: the rule's acceptance, alpha* and their gap
 
 MAX_SETS = 200_000
 """Largest number of draft sets :func:`build` enumerates to compute the Luce law exactly."""
@@ -348,7 +348,7 @@ def acceptance(target, draft, k: int) -> float:
     return build(target, draft, k).acceptance
 
 
-def bind(target, scheme) -> OptimalBound:
+def bind(target, scheme) -> OptimalBoundVerifier:
     """Build the rule once for ``target`` and a ``without_replacement`` scheme; refuse others."""
     from ..optimum import optimal_acceptance_of
     from ..schemes import check_target
@@ -372,8 +372,8 @@ def bind(target, scheme) -> OptimalBound:
         return _sample(plan, t, d, rng)
 
     alpha = optimal_acceptance_of(scheme, target).value
-    return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
+    return OptimalBoundVerifier(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["LucePlan", "Target", "OptimalBound", "MAX_SETS", "build", "selection_target", "selection_law", "law",
+__all__ = ["LucePlan", "Target", "OptimalBoundVerifier", "MAX_SETS", "build", "selection_target", "selection_law", "law",
            "sample", "acceptance", "bind"]

@@ -149,7 +149,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...laws import OtmError, check_k, check_law
-from ..base import Bound, Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
+from ..base import BoundVerifier, Outcome, check_inputs, inverse_cdf_draw, require_scheme, residual_law, serve_selected
 from .groups import rule_steps
 from .layout import RacePlan, layout_rows
 from .lazy import GroupedRule, Scaled
@@ -282,8 +282,8 @@ def acceptance(target, draft, k: int) -> float:
 
 
 @dataclass(frozen=True)
-class OptimalBound(Bound):
-    """:class:`Bound` plus the rule's own acceptance, the optimum and the gap between them
+class OptimalBoundVerifier(BoundVerifier):
+    """:class:`BoundVerifier` plus the rule's own acceptance, the optimum and the gap between them
     (``bind`` of this module and of :mod:`otm.verifiers.optimal_without_replacement`; ``plan`` is
     that module's ``RacePlan``)."""
 
@@ -297,7 +297,7 @@ class OptimalBound(Bound):
         return self.alpha_star - self.acceptance
 
 
-def bind(target, scheme) -> OptimalBound:
+def bind(target, scheme) -> OptimalBoundVerifier:
     """Build the rule once for ``target`` and an ``iid`` scheme; refuse other schemes."""
     from ...optimum import optimal_acceptance_of
     from ...schemes import check_target
@@ -316,7 +316,7 @@ def bind(target, scheme) -> OptimalBound:
         return _sample(plan if d.size == k else build(target, scheme.draft, d.size), t, d, rng)
 
     alpha = optimal_acceptance_of(scheme, target).value
-    return OptimalBound(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
+    return OptimalBoundVerifier(_law_b, _sample_b, acceptance=plan.acceptance, alpha_star=alpha, plan=plan)
 
 
-__all__ = ["RacePlan", "GroupedRule", "Scaled", "OptimalBound", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
+__all__ = ["RacePlan", "GroupedRule", "Scaled", "OptimalBoundVerifier", "build", "build_tokens", "rule", "rules", "selection_law", "law", "sample", "acceptance", "bind"]
