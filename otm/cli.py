@@ -449,9 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .decode.steps import COMPILE_CHOICES
 
     demo.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
-                      help="every contender's step compiled by torch.compile in this mode (default auto: compiled or "
-                           "eager, whichever the cost model measures faster on this machine; the first run compiles "
-                           "each shape once, about 30 s each on 2 cores, and the choice is kept in the user cache)")
+                      help="how every contender's step runs (default auto: eager, eager with the linear layers on "
+                           "oneDNN, or compiled by torch.compile, whichever the cost model measures fastest on this "
+                           "machine; the first run compiles each shape once, about 30 s each on 2 cores, and the "
+                           "choice is kept in the user cache)")
     demo.set_defaults(func=_cmd_demo)
     from .analysis import cli as analysis_cli
     from .decode import cli as decode_cli  # imports no torch until a command runs

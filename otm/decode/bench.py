@@ -152,7 +152,7 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
     ``StaticCache`` with the forward compiled in that mode (transformers' ``CompileConfig``, on every device:
     by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
     rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
-    if compile == "none":
+    if compile in ("none", "onednn"):  # onednn: the models themselves run on oneDNN, generate's loop is eager
         return {}
     from transformers import StaticCache
 
@@ -326,7 +326,16 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     prompt = list(context if prompt is None else prompt)
     features = is_feature_draft_model(draft)
     calls: dict[tuple[str, int], object] = {}
-    static = compile != "none"
+    static = compile not in ("none", "onednn")
+    if compile == "onednn":  # the same calls with the models' linear layers on oneDNN, then the models as they were
+        from .onednn import use_onednn
+
+        undo = use_onednn(target, draft)
+        try:
+            return measure_costs(target, draft, context, sizes, batches, sampling=sampling, repeats=repeats,
+                                 prompt=prompt, compile="none", capacity=capacity)
+        finally:
+            undo()
 
     def static_runner(b: int, tree_sizes=(1,)):
         """The decoder's pooled static runner (:func:`otm.decode.static.static_runners`): b = 0 the target."""
@@ -448,6 +457,9 @@ def step_line(compile: str) -> str:
     """How otm's rows run their step, for the machine line."""
     if compile == "none":
         return "eager step (no compilation)"
+    if compile == "onednn":
+        return ("eager step, every float32 linear layer on oneDNN instead of MKL (no compilation), for every row, "
+                "transformers' included")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "
@@ -491,9 +503,13 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                         capacity=max(map(len, prompts)) + max_new_tokens)
         out(picked.line)
         compile = picked.choice
+    if compile == "onednn":  # every contender on the same swapped models (left swapped: the caller's run goes on)
+        from .onednn import use_onednn
+
+        use_onednn(target, draft, hf_draft)
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
-    if compile not in ("none", "static"):  # every compiled shape now, so that no row's time includes compilation
+    if compile not in ("none", "static", "onednn"):  # every compiled shape now, so that no row's time includes compilation
         from .static import warm_all
 
         warm_all(target, draft)
@@ -501,7 +517,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                           [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours],  # tree sizes
                           [1] + [c.k for c in ours], sampling=sampling,
                           prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
-    if compile not in ("none", "static"):
+    if compile not in ("none", "static", "onednn"):
         warm_all(target, draft)  # the cost model's sizes
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)

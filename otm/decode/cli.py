@@ -120,10 +120,11 @@ def _common(p) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is much faster on a busy shared CPU)")
     p.add_argument("--compile", default=None, choices=COMPILE_CHOICES,
-                   help="the static-shape step compiled by torch.compile in this mode, once per shape (default auto: "
-                        "compiled or eager, whichever the cost model measures faster here, decided once per machine "
-                        "and model and kept in the user cache; none: the eager step; static: the static shapes, eager "
-                        "kernels)")
+                   help="how the step runs (default auto: whichever of the others the cost model measures fastest "
+                        "here, decided once per machine and model and kept in the user cache; none: the eager step; "
+                        "onednn: the eager step with the float32 linear layers on oneDNN instead of MKL (CPU); "
+                        "static: the static shapes, eager kernels; a torch.compile mode: the static-shape step "
+                        "compiled in that mode, once per shape)")
 
 
 def register(sub) -> None:
@@ -303,6 +304,9 @@ def cmd_decode(args) -> int:
     ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
     if args.compile in (None, "auto"):
         args.compile = _choose_compile(args, target, draft, ids, sampling)
+    from .onednn import for_choice
+
+    for_choice(args.compile, target, draft)  # onednn: the models' linear layers on oneDNN for the run
     import json
     import time
 

@@ -1,11 +1,13 @@
-r"""``--compile auto``: the machine decides whether the compiled static-shape step pays, by the cost model.
+r"""``--compile auto``: the machine decides how the step runs (eager, eager on oneDNN, compiled), by the cost model.
 
 The decision compares the step the run will take, :math:`S = T(1 + kL) + d(1) + (L - 1)\,d(k)` ms
-(:meth:`otm.decode.bench.Costs.step_ms`; :math:`T(1)` for autoregressive sampling), measured twice on
-this machine: with the eager step (transformers' growing caches) and with the static-shape step compiled
-by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on a CPU: inductor with freezing,
-``reduce-overhead`` on a GPU: CUDA graphs). The compiled step is chosen when it is at least
-:data:`MARGIN` faster; the block efficiency B is the same for both, so the step time alone decides.
+(:meth:`otm.decode.bench.Costs.step_ms`; :math:`T(1)` for autoregressive sampling), measured on this
+machine: with the eager step (transformers' growing caches), with the eager step whose float32 linear
+layers run on oneDNN instead of MKL (``onednn``, :mod:`otm.decode.onednn`; CPU models in float32 only),
+and with the static-shape step compiled by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on
+a CPU: inductor with freezing, ``reduce-overhead`` on a GPU: CUDA graphs). The fastest is chosen when it is
+at least :data:`MARGIN` faster than the eager step; the block efficiency B is the same for all, so the step
+time alone decides.
 
 Compilation is paid once: the measured decision is kept in the user cache folder
 (``compile_choice.json`` under :func:`otm.decode.embedded.cache_dir`), keyed by the machine line (CPU,
@@ -93,6 +95,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     import torch
 
     from .embedded import cache_dir
+    from .onednn import available as onednn_available
     from .runner import device_and_dtype
 
     if not context:
@@ -112,20 +115,32 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     if new_tokens * eager_ms / 1000.0 < MIN_DECODE_SECONDS:
         return Choice("none", f"compile auto: none (the whole decode takes about {new_tokens * eager_ms / 1000:.1f} s "
                               f"eager, under {MIN_DECODE_SECONDS:.0f} s: compiling cannot pay)", measured=False)
+    def step(costs) -> float:
+        return costs.step_ms(k, length, delay) if length else costs.target(1)
+
+    steps = {"none": eager_ms}
+    t1 = {"none": eager.target(1)}
+    if onednn_available(target):  # the eager step with the linear layers on oneDNN (otm.decode.onednn)
+        one = measure(target, draft, context, sizes, batches, compile="onednn", **common)
+        steps["onednn"], t1["onednn"] = step(one), one.target(1)
     if out is not None:
         out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
             "kept in the user cache) against the eager one ...")
     start = time.perf_counter()
     compiled = measure(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
     seconds = time.perf_counter() - start
-    compiled_ms = compiled.step_ms(k, length, delay) if length else compiled.target(1)
-    choice = mode if compiled_ms < (1.0 - MARGIN) * eager_ms else "none"
+    compiled_ms = step(compiled)
+    steps[mode], t1[mode] = compiled_ms, compiled.target(1)
+    best = min(steps, key=steps.get)
+    choice = best if steps[best] < (1.0 - MARGIN) * eager_ms else "none"
     shape = f"k={k} L={length}" + (f" delay {delay}" if delay else "") if length else "autoregressive"
-    why = (f"step {shape}: eager {eager_ms:.1f} ms, compiled ({mode}) {compiled_ms:.1f} ms; T(1) eager "
-           f"{eager.target(1):.1f} ms, compiled {compiled.target(1):.1f} ms; compiling and timing took {seconds:.0f} s")
+    name = {"none": "eager", "onednn": "eager with oneDNN linears", mode: f"compiled ({mode})"}
+    why = (f"step {shape}: " + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in steps.items()) + "; T(1) "
+           + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in t1.items())
+           + f"; compiling and timing took {seconds:.0f} s")
     entries = _read(path)
     entries[entry_key] = {"choice": choice, "why": why, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                          "eager_ms": eager_ms, "compiled_ms": compiled_ms, "seconds": seconds}
+                          "eager_ms": eager_ms, "compiled_ms": compiled_ms, "steps_ms": steps, "seconds": seconds}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

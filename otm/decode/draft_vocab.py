@@ -91,7 +91,8 @@ class SubsetHead(torch.nn.Module):
         self.register_buffer("rows", weight.detach().index_select(0, ids).contiguous(), persistent=False)  # [S, H]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = torch.nn.functional.linear(hidden, self.rows)  # [..., S]
+        fast = self.__dict__.get("onednn_rows")  # the rows on oneDNN (otm.decode.onednn.use_onednn)
+        sub = fast(hidden) if fast is not None else torch.nn.functional.linear(hidden, self.rows)  # [..., S]
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), -torch.inf)  # [..., V]
         return out.index_copy_(-1, self.ids, sub)
 

@@ -99,7 +99,8 @@ class FeatureDraft(torch.nn.Module):
         vocabulary, ``-inf`` elsewhere, when :func:`otm.decode.draft_vocab.restrict_draft` set one)."""
         if self.subset_head is not None:
             return self.subset_head(hidden)
-        return torch.nn.functional.linear(hidden, self.head)
+        fast = self.__dict__.get("onednn_head")  # the head on oneDNN (otm.decode.onednn.use_onednn)
+        return fast(hidden) if fast is not None else torch.nn.functional.linear(hidden, self.head)
 
 
 def shifted_features(features: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,24 @@
 """How the decoder's step runs, as the CLI and the bench name it (no torch import: read by ``otm --help``).
 
 ``none``: the eager step (:class:`otm.decode.runner.Runner`, transformers' growing caches); ``static``:
-the static-shape step with eager kernels; a ``torch.compile`` mode: the static-shape step compiled
-(:mod:`otm.decode.static`); ``auto``: whichever of none and the compiled step the cost model measures
-faster on this machine (:mod:`otm.decode.compile_choice`), resolved before the run.
+the static-shape step with eager kernels; ``onednn``: the eager step with the models' float32 linear layers
+computed by oneDNN instead of MKL (:mod:`otm.decode.onednn`; CPU); a ``torch.compile`` mode: the static-shape
+step compiled (:mod:`otm.decode.static`); ``auto``: whichever of these the cost model measures fastest on this
+machine (:mod:`otm.decode.compile_choice`), resolved before the run.
 """
 
 from __future__ import annotations
 
-COMPILE_CHOICES = ("auto", "none", "static", "default", "max-autotune", "reduce-overhead")
-"""``--compile``: auto (measured: :mod:`otm.decode.compile_choice`), none (the eager step), static (the
-static-shape step, eager kernels), or a torch.compile mode."""
+COMPILE_CHOICES = ("auto", "none", "onednn", "static", "default", "max-autotune", "reduce-overhead")
+"""``--compile``: auto (measured: :mod:`otm.decode.compile_choice`), none (the eager step), onednn (the eager
+step, linear layers on oneDNN), static (the static-shape step, eager kernels), or a torch.compile mode."""
 
 
 def compile_options(choice: str) -> dict:
     """The decoder's keywords for a ``--compile`` choice (``auto`` is resolved before: :mod:`otm.decode.compile_choice`)."""
     if choice == "auto":
         raise ValueError("--compile auto is resolved by otm.decode.compile_choice.choose before the run")
-    if choice == "none":
+    if choice in ("none", "onednn"):  # onednn: the models are swapped before the run (otm.decode.onednn.for_choice)
         return {}
     return {"static": True} if choice == "static" else {"compile": choice}
 

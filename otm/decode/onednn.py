@@ -1,0 +1,116 @@
+r"""The models' linear layers on oneDNN: ``--compile onednn``, the eager step with another GEMM.
+
+On a CPU, torch computes a float32 ``nn.Linear`` by MKL's ``sgemm``, whose path for a few rows (the
+decoder's calls: 1 to 1 + kL positions) is several times slower than the memory allows; oneDNN's
+inner product on a weight prepacked once in its own layout is not. Measured on the 2-core AMD EPYC
+(avx512f avx512_bf16, torch 2.13.0+cpu, one thread; ``.venv/bin/python analysis/onednn_costs.py``): the
+embedded target's head alone ``[n, 576] x [576, 49152]`` costs 6.7 / 20.5 / 13.8 / 15.7 / 20.2 ms through
+MKL and 3.7 / 7.0 / 8.3 / 9.8 / 12.9 ms through oneDNN for n = 1 / 3 / 5 / 9 / 17; the whole target call
+T(3) went from 2.06 T(1) to 1.26 T(1). Whether it pays is measured per machine by ``--compile auto``
+(:mod:`otm.decode.compile_choice`), beside the compiled step.
+
+:func:`use_onednn` swaps every float32 ``nn.Linear`` on the CPU for a :class:`OneDnnLinear` holding a
+prepacked copy of its weight (the dense weight stays, shared, so tied weights and ``get_output_embeddings``
+still work) and returns the undo. The numbers differ from MKL's by float32 rounding (sums in another
+order: about 1e-6 relative); the laws the decoder verifies are the model's whichever GEMM computed them,
+so exactness is untouched. Every contender of a bench (autoregressive, speculative, transformers'
+``generate`` and assisted generation) runs on the same swapped models: the ratios stay fair.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class OneDnnLinear(torch.nn.Module):
+    """``nn.Linear`` computed by oneDNN's inner product on a weight prepacked once (CPU, float32)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the dense weight, shared (tied weights, get_output_embeddings, hooks)
+        self.bias = linear.bias
+        with torch.no_grad():
+            self.packed = linear.weight.detach().to_mkldnn()
+            self.packed_bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != torch.float32 or flat.device.type != "cpu":
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        out = torch._C._nn.mkldnn_linear(flat.contiguous().to_mkldnn(), self.packed, self.packed_bias).to_dense()
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def available(model) -> bool:
+    """Whether ``model`` has float32 weights on the CPU and this torch has oneDNN."""
+    try:
+        p = next(model.parameters())
+    except (AttributeError, StopIteration, TypeError):
+        return False
+    return torch.backends.mkldnn.is_available() and p.device.type == "cpu" and p.dtype == torch.float32
+
+
+def _over(weight: torch.Tensor) -> OneDnnLinear:
+    """A :class:`OneDnnLinear` computing ``F.linear(x, weight)`` (no bias)."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    lin.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+    return OneDnnLinear(lin)
+
+
+# heads computed by F.linear on a weight that is not an nn.Linear: (class name, weight attribute, fast attribute)
+_HEADS = (("FeatureDraft", "head", "onednn_head"), ("SubsetHead", "rows", "onednn_rows"))
+
+
+def use_onednn(*models):
+    """Swap every float32 ``nn.Linear`` of the given models (None skipped) for a :class:`OneDnnLinear`, and give
+    the heads computed by ``F.linear`` (a feature draft's head, a draft-vocabulary subset head) a oneDNN
+    copy they use instead; returns ``undo()``, which puts everything back. Models that :func:`available`
+    refuses are left as they are, and a model already swapped is not swapped twice."""
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+    fast: list[tuple[torch.nn.Module, str]] = []
+    for model in models:
+        if model is None or not available(model):
+            continue
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
+                    setattr(parent, name, OneDnnLinear(child))
+                    swapped.append((parent, name, child))
+            for cls, weight, attr in _HEADS:
+                w = getattr(parent, weight, None)
+                if (type(parent).__name__ == cls and attr not in parent.__dict__ and isinstance(w, torch.Tensor)
+                        and w.dtype == torch.float32 and w.device.type == "cpu"):
+                    parent.__dict__[attr] = _over(w)
+                    fast.append((parent, attr))
+
+    def undo() -> None:
+        for parent, name, child in reversed(swapped):
+            setattr(parent, name, child)
+        for parent, attr in fast:
+            parent.__dict__.pop(attr, None)
+        swapped.clear()
+        fast.clear()
+
+    undo.count = len(swapped) + len(fast)  # type: ignore[attr-defined]
+    return undo
+
+
+def for_choice(choice: str, *models):
+    """The models of a run whose ``--compile`` choice is ``choice``: swapped onto oneDNN for ``onednn``
+    (:func:`use_onednn`), untouched otherwise; returns the undo."""
+    if choice == "onednn":
+        return use_onednn(*models)
+
+    def undo() -> None:
+        pass
+
+    undo.count = 0  # type: ignore[attr-defined]
+    return undo
+
+
+__all__ = ["OneDnnLinear", "available", "for_choice", "use_onednn"]

@@ -1,0 +1,128 @@
+"""``--compile onednn`` (otm.decode.onednn): the models' float32 linear layers on oneDNN.
+
+* :class:`OneDnnLinear` gives ``nn.Linear``'s outputs up to float32 rounding (2-D and 3-D inputs, with and
+  without bias), keeps the dense weight (tied weights, ``get_output_embeddings``), and the undo puts the very
+  modules back (bit-identical outputs after it);
+* the decoder on swapped tiny Llamas at temperature 0 gives the tokens of the unswapped models, and the
+  feature hooks, caches and rollbacks work through the swapped head;
+* ``measure_costs(compile="onednn")`` times the swapped models and leaves them as they were;
+* models oneDNN cannot take (float64, or a planted non-float32 layer) are left alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from otm.decode import autoregressive_decode, speculative_decode
+from otm.decode.bench import measure_costs
+from otm.decode.onednn import OneDnnLinear, available, for_choice, use_onednn
+from otm.decode.sampling import Sampling
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def tiny_llama(seed: int, V: int = 48, tie: bool = False):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.5, tie_word_embeddings=tie,
+                      attn_implementation="sdpa", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(3, 40), (1, 5, 40), (2, 1, 40)])
+def test_onednn_linear_is_linear_up_to_rounding(bias, shape):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 70, bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        want, got = lin(x), OneDnnLinear(lin)(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert OneDnnLinear(lin).weight is lin.weight  # the dense weight is shared, not copied
+
+
+def test_swap_and_undo_on_a_model_with_tied_head():
+    m = tiny_llama(0, tie=True)
+    ids = torch.tensor([[1, 5, 7, 2]])
+    with torch.inference_mode():
+        before = m(ids).logits
+    n_linear = sum(type(x) is torch.nn.Linear for x in m.modules())
+    undo = use_onednn(m)
+    assert undo.count == n_linear and not any(type(x) is torch.nn.Linear for x in m.modules())
+    assert isinstance(m.get_output_embeddings(), OneDnnLinear)
+    assert m.get_output_embeddings().weight is m.get_input_embeddings().weight  # still tied
+    ran = []
+    hooks = [x.register_forward_hook(lambda *_: ran.append(1)) for x in m.modules() if isinstance(x, OneDnnLinear)]
+    with torch.inference_mode():
+        swapped = m(ids).logits
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(swapped, before, rtol=1e-4, atol=1e-4)
+    assert len(ran) == n_linear  # every layer went through oneDNN
+    undo()
+    assert sum(type(x) is torch.nn.Linear for x in m.modules()) == n_linear
+    with torch.inference_mode():
+        assert torch.equal(m(ids).logits, before)  # the very modules are back
+
+
+def test_models_onednn_cannot_take_are_left_alone():
+    m = tiny_llama(0).double()
+    assert not available(m) and use_onednn(m, None).count == 0
+    assert for_choice("none", tiny_llama(1)).count == 0  # only the onednn choice swaps
+
+
+def test_decoder_on_swapped_models_gives_the_same_greedy_tokens():
+    """Temperature 0: every choice is the argmax, so the GEMM's rounding cannot move a token (random weights:
+    no near-ties here); both rollbacks, the walk, the caches and the bonus go through the swapped layers."""
+    greedy = Sampling(temperature=0.0)
+    target, draft = tiny_llama(0), tiny_llama(1)
+    prompt = [3, 1, 4, 1, 5]
+    runs = lambda: [speculative_decode(target, draft, prompt, k=3, length=3, verifier="kseq", sampling=greedy,
+                                       max_new_tokens=20, seed=0, target_rollback=r).tokens for r in ("gather", "refeed")] + \
+        [autoregressive_decode(target, prompt, sampling=greedy, max_new_tokens=20, seed=0).tokens]
+    want = runs()
+    undo = use_onednn(target, draft)
+    got = runs()
+    undo()
+    assert got == want and len(want[0]) == 20
+
+
+def test_measure_costs_on_onednn_leaves_the_models_as_they_were():
+    target, draft = tiny_llama(0), tiny_llama(1)
+    costs = measure_costs(target, draft, [1, 2, 3, 4], [1, 4], [1, 2], repeats=1, compile="onednn")
+    assert set(costs.target_ms) == {1, 4} and all(v > 0 for v in costs.target_ms.values())
+    assert all(type(x) is not OneDnnLinear for m in (target, draft) for x in m.modules())
+
+
+def test_a_feature_draft_and_a_subset_head_use_onednn_and_decode_the_same():
+    """The feature draft's head and the draft-vocabulary subset head (F.linear on a weight, not an nn.Linear) get
+    oneDNN copies: same logits up to rounding, the same greedy tokens (the capture hook on the swapped target
+    head still feeds the draft), and the undo removes them."""
+    from otm.decode.draft_vocab import restrict_draft
+    from otm.decode.feature_draft import build_feature_draft
+
+    target = tiny_llama(3, V=40)
+    draft = build_feature_draft(target, seed=4).eval()
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad and p.ndim == 2:
+                p.normal_(0, 0.4)
+    restrict_draft(draft, 30, torch.arange(40).flip(0))
+    h = torch.randn(2, 32)
+    greedy = Sampling(temperature=0.0)
+    run = lambda: speculative_decode(target, draft, [5, 6, 7], k=2, length=3, sampling=greedy, max_new_tokens=16,
+                                     seed=0).tokens
+    with torch.inference_mode():
+        want_logits, want = draft.logits(h), run()
+    undo = use_onednn(target, draft)
+    assert "onednn_rows" in draft.subset_head.__dict__
+    with torch.inference_mode():
+        got_logits, got = draft.logits(h), run()
+    undo()
+    assert "onednn_rows" not in draft.subset_head.__dict__
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits)) and got == want
