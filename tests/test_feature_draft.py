@@ -248,7 +248,13 @@ def test_cli_decode_and_bench_with_a_feature_draft(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "hf assisted (peer draft, defaults)" in out and "reads the target's features" in out
     assert "kseq k=2 L=2" in out
-    capsys.readouterr()
+    # the eager step on oneDNN's linear layers (otm.decode.onednn), every row of the bench on the swapped models
+    assert main(["decode", "--prompt", "a b c", "-k", "2", "--length", "2", "--compile", "onednn", *common]) == 0
+    assert "kseq iid k=2 L=2" in capsys.readouterr().err
+    assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1",
+                 "--peer-draft", plain_dir, "--compile", "onednn", *common]) == 0
+    out = capsys.readouterr().out
+    assert "linear layer on oneDNN instead of MKL" in out and "kseq k=2 L=2" in out
     # the default peer is the embedded token-only draft, whose vocabulary is not this target's
     assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1", *common]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "otm: error:" in line]

@@ -15,7 +15,7 @@ import pytest
 from otm.laws import categorical, positive_part
 from otm.schemes import IID, Greedy, SpecHub, WithoutReplacement
 from otm.testing import chi2_gof, chi2_power, membership_cells
-from otm.verifiers import VERIFIERS, greedy, kseq, rrs, spechub
+from otm.verifiers import VERIFIERS, kseq, rrs, spechub
 from otm.verifiers.base import BoundVerifier, Outcome
 
 N = 20_000
