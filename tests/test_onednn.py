@@ -16,7 +16,7 @@ import torch
 
 from otm.decode import autoregressive_decode, speculative_decode
 from otm.decode.bench import measure_costs
-from otm.decode.onednn import OneDnnLinear, available, for_choice, use_onednn
+from otm.decode.onednn import OneDnnLinear, available, dtypes, for_choice, use_onednn
 from otm.decode.sampling import Sampling
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -32,9 +32,14 @@ def tiny_llama(seed: int, V: int = 48, tie: bool = False):
     return LlamaForCausalLM(cfg).eval()
 
 
+@pytest.mark.parametrize("pointwise", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(3, 40), (1, 5, 40), (2, 1, 40)])
-def test_onednn_linear_is_linear_up_to_rounding(bias, shape):
+def test_onednn_linear_is_linear_up_to_rounding(bias, shape, pointwise, monkeypatch):
+    """Both of its paths: the prepacked pointwise op, and oneDNN tensors where a torch lacks that op."""
+    import otm.decode.onednn as onednn
+
+    monkeypatch.setattr(onednn, "POINTWISE", pointwise and onednn.POINTWISE)
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 70, bias=bias)
     x = torch.randn(*shape)
@@ -42,6 +47,20 @@ def test_onednn_linear_is_linear_up_to_rounding(bias, shape):
         want, got = lin(x), OneDnnLinear(lin)(x)
     assert got.shape == want.shape and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in dtypes(),
+                    reason="oneDNN computes no bfloat16 on this CPU")
+def test_bfloat16_layers_are_swapped_where_onednn_computes_them():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 96, dtype=torch.bfloat16)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        want, got = lin(x), OneDnnLinear(lin)(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)  # bfloat16: 8 bits of mantissa
+    m = tiny_llama(0).to(torch.bfloat16)
+    assert available(m) and use_onednn(m).count == sum(isinstance(x, OneDnnLinear) for x in m.modules()) > 0
     assert OneDnnLinear(lin).weight is lin.weight  # the dense weight is shared, not copied
 
 

@@ -39,6 +39,9 @@ MIN_DECODE_SECONDS = 2.0
 
 FILE = "compile_choice.json"
 
+CANDIDATES = "eager, eager on oneDNN, compiled"
+"""The steps timed against each other (part of the cache key: a decision taken among fewer is taken again)."""
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -76,7 +79,7 @@ def key(target, draft, *, k: int, length: int, delay: int, device) -> str:
     from ..machine import machine
 
     return json.dumps([machine().line(""), torch.__version__, str(device), _model_id(target), _model_id(draft),
-                       k, length, delay])
+                       k, length, delay, CANDIDATES])
 
 
 def _read(path) -> dict:
@@ -151,4 +154,4 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     return Choice(choice, f"compile auto: {choice} ({why})")
 
 
-__all__ = ["Choice", "FILE", "MARGIN", "MIN_DECODE_SECONDS", "choose", "key", "shapes"]
+__all__ = ["CANDIDATES", "Choice", "FILE", "MARGIN", "MIN_DECODE_SECONDS", "choose", "key", "shapes"]

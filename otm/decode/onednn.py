@@ -21,9 +21,25 @@ from __future__ import annotations
 
 import torch
 
+POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+"""Whether this torch has the prepacked-weight linear of inductor's freezing (the fast path of :class:`OneDnnLinear`)."""
+
+
+def dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes swapped: float32, and bfloat16 where the prepacked path exists and oneDNN computes
+    bfloat16 on this CPU (there torch's own bfloat16 linear reorders the weight at every call)."""
+    bf16 = POINTWISE and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+
 
 class OneDnnLinear(torch.nn.Module):
-    """``nn.Linear`` computed by oneDNN's inner product on a weight prepacked once (CPU, float32)."""
+    """``nn.Linear`` computed by oneDNN's inner product on a weight prepacked once (CPU; float32, or bfloat16
+    with the prepacked path).
+
+    The product is ``torch.ops.mkldnn._linear_pointwise`` on dense activations with the weight reordered
+    once by ``torch.ops.mkldnn._reorder_linear_weight`` (what inductor's freezing emits for a linear layer);
+    where this torch lacks those ops, ``torch._C._nn.mkldnn_linear`` on oneDNN tensors (slower: a conversion
+    of the activations each call)."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -31,15 +47,22 @@ class OneDnnLinear(torch.nn.Module):
         self.weight = linear.weight  # the dense weight, shared (tied weights, get_output_embeddings, hooks)
         self.bias = linear.bias
         with torch.no_grad():
-            self.packed = linear.weight.detach().to_mkldnn()
-            self.packed_bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+            w = linear.weight.detach()
+            self.dense_bias = None if linear.bias is None else linear.bias.detach()
+            if POINTWISE:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            else:
+                self.packed = w.to_mkldnn()
+                self.packed_bias = None if self.dense_bias is None else self.dense_bias.to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, self.in_features)
-        if flat.dtype != torch.float32 or flat.device.type != "cpu":
+        if x.dtype != self.weight.dtype or x.device.type != "cpu" or (not POINTWISE and x.dtype != torch.float32):
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        out = torch._C._nn.mkldnn_linear(flat.contiguous().to_mkldnn(), self.packed, self.packed_bias).to_dense()
+        if POINTWISE:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.dense_bias, "none", [], "")
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features).contiguous()
+        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), self.packed, self.packed_bias).to_dense()
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -47,12 +70,12 @@ class OneDnnLinear(torch.nn.Module):
 
 
 def available(model) -> bool:
-    """Whether ``model`` has float32 weights on the CPU and this torch has oneDNN."""
+    """Whether ``model`` has weights of a swapped dtype (:func:`dtypes`) on the CPU and this torch has oneDNN."""
     try:
         p = next(model.parameters())
     except (AttributeError, StopIteration, TypeError):
         return False
-    return torch.backends.mkldnn.is_available() and p.device.type == "cpu" and p.dtype == torch.float32
+    return torch.backends.mkldnn.is_available() and p.device.type == "cpu" and p.dtype in dtypes()
 
 
 def _over(weight: torch.Tensor) -> OneDnnLinear:
@@ -67,24 +90,25 @@ _HEADS = (("FeatureDraft", "head", "onednn_head"), ("SubsetHead", "rows", "onedn
 
 
 def use_onednn(*models):
-    """Swap every float32 ``nn.Linear`` of the given models (None skipped) for a :class:`OneDnnLinear`, and give
+    """Swap every ``nn.Linear`` of a swapped dtype (:func:`dtypes`) of the given models (None skipped) for a :class:`OneDnnLinear`, and give
     the heads computed by ``F.linear`` (a feature draft's head, a draft-vocabulary subset head) a oneDNN
     copy they use instead; returns ``undo()``, which puts everything back. Models that :func:`available`
     refuses are left as they are, and a model already swapped is not swapped twice."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
     fast: list[tuple[torch.nn.Module, str]] = []
+    swap = dtypes()
     for model in models:
         if model is None or not available(model):
             continue
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
+                if type(child) is torch.nn.Linear and child.weight.dtype in swap:
                     setattr(parent, name, OneDnnLinear(child))
                     swapped.append((parent, name, child))
             for cls, weight, attr in _HEADS:
                 w = getattr(parent, weight, None)
                 if (type(parent).__name__ == cls and attr not in parent.__dict__ and isinstance(w, torch.Tensor)
-                        and w.dtype == torch.float32 and w.device.type == "cpu"):
+                        and w.dtype in swap and w.device.type == "cpu"):
                     parent.__dict__[attr] = _over(w)
                     fast.append((parent, attr))
 
