@@ -254,7 +254,7 @@ def test_cli_decode_and_bench_with_a_feature_draft(tmp_path, capsys):
     assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1",
                  "--peer-draft", plain_dir, "--compile", "onednn", *common]) == 0
     out = capsys.readouterr().out
-    assert "linear layer on oneDNN instead of MKL" in out and "kseq k=2 L=2" in out
+    assert "linear layer on oneDNN's prepacked GEMM" in out and "kseq k=2 L=2" in out
     # the default peer is the embedded token-only draft, whose vocabulary is not this target's
     assert main(["bench-decode", "--k", "2", "--length", "2", "--verifiers", "kseq", "--prompts", "1", *common]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "otm: error:" in line]
