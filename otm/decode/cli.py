@@ -122,7 +122,7 @@ def _common(p) -> None:
     p.add_argument("--compile", default=None, choices=COMPILE_CHOICES,
                    help="how the step runs (default auto: whichever of the others the cost model measures fastest "
                         "here, decided once per machine and model and kept in the user cache; none: the eager step; "
-                        "onednn: the eager step with the float32 linear layers on oneDNN instead of MKL (CPU); "
+                        "onednn: the eager step with the linear layers on oneDNN's prepacked GEMM (CPU, float32 or bfloat16); "
                         "static: the static shapes, eager kernels; a torch.compile mode: the static-shape step "
                         "compiled in that mode, once per shape)")
 

@@ -2,8 +2,9 @@ r"""``--compile auto``: the machine decides how the step runs (eager, eager on o
 
 The decision compares the step the run will take, :math:`S = T(1 + kL) + d(1) + (L - 1)\,d(k)` ms
 (:meth:`otm.decode.bench.Costs.step_ms`; :math:`T(1)` for autoregressive sampling), measured on this
-machine: with the eager step (transformers' growing caches), with the eager step whose float32 linear
-layers run on oneDNN instead of MKL (``onednn``, :mod:`otm.decode.onednn`; CPU models in float32 only),
+machine: with the eager step (transformers' growing caches), with the eager step whose linear layers
+run on oneDNN's prepacked GEMM (``onednn``, :mod:`otm.decode.onednn`; CPU models in float32, or bfloat16 where
+oneDNN computes it),
 and with the static-shape step compiled by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on
 a CPU: inductor with freezing, ``reduce-overhead`` on a GPU: CUDA graphs). The fastest is chosen when it is
 at least :data:`MARGIN` faster than the eager step; the block efficiency B is the same for all, so the step

@@ -1,18 +1,19 @@
-r"""The models' linear layers on oneDNN: ``--compile onednn``, the eager step with another GEMM.
+r"""The models' linear layers on oneDNN's prepacked GEMM: ``--compile onednn``, the eager step with another GEMM.
 
 On a CPU, torch computes a float32 ``nn.Linear`` by MKL's ``sgemm``, whose path for a few rows (the
-decoder's calls: 1 to 1 + kL positions) is several times slower than the memory allows; oneDNN's
-inner product on a weight prepacked once in its own layout is not. Measured on the 2-core AMD EPYC
-(avx512f avx512_bf16, torch 2.13.0+cpu, one thread; ``.venv/bin/python analysis/onednn_costs.py``): the
-embedded target's head alone ``[n, 576] x [576, 49152]`` costs 6.7 / 20.5 / 13.8 / 15.7 / 20.2 ms through
-MKL and 3.7 / 7.0 / 8.3 / 9.8 / 12.9 ms through oneDNN for n = 1 / 3 / 5 / 9 / 17; the whole target call
-T(3) went from 2.06 T(1) to 1.26 T(1). Whether it pays is measured per machine by ``--compile auto``
-(:mod:`otm.decode.compile_choice`), beside the compiled step.
+decoder's calls: 1 to 1 + kL positions) is several times slower than the memory allows, and its bfloat16
+linear reorders the weight at every call; oneDNN's inner product on a weight reordered once into its own
+layout (``torch.ops.mkldnn._linear_pointwise``, what inductor's freezing emits) is neither. On the embedded
+target (the 2-core AMD EPYC with avx512f avx512_bf16, torch 2.13.0+cpu, one thread;
+``analysis/onednn_costs.py``): float32 T(1) 41.5 -> 27.3 ms and T(3) 2.15 -> 1.17 T(1); bfloat16 T(1) 28.5 ->
+20.5 ms (table and commands: ``docs/decode.md``, "The linear layers on oneDNN"). Whether it pays is measured
+per machine by ``--compile auto`` (:mod:`otm.decode.compile_choice`), beside the eager and the compiled step.
 
-:func:`use_onednn` swaps every float32 ``nn.Linear`` on the CPU for a :class:`OneDnnLinear` holding a
-prepacked copy of its weight (the dense weight stays, shared, so tied weights and ``get_output_embeddings``
-still work) and returns the undo. The numbers differ from MKL's by float32 rounding (sums in another
-order: about 1e-6 relative); the laws the decoder verifies are the model's whichever GEMM computed them,
+:func:`use_onednn` swaps every ``nn.Linear`` of a swapped dtype (:func:`dtypes`) on the CPU for a
+:class:`OneDnnLinear` holding a prepacked copy of its weight (the dense weight stays, shared, so tied weights
+and ``get_output_embeddings`` still work), gives the heads computed by ``F.linear`` (a feature draft's, a
+draft-vocabulary subset's) oneDNN copies, and returns the undo. The numbers differ from torch's own by
+rounding (sums in another order); the laws the decoder verifies are the model's whichever GEMM computed them,
 so exactness is untouched. Every contender of a bench (autoregressive, speculative, transformers'
 ``generate`` and assisted generation) runs on the same swapped models: the ratios stay fair.
 """

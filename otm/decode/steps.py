@@ -1,8 +1,8 @@
 """How the decoder's step runs, as the CLI and the bench name it (no torch import: read by ``otm --help``).
 
 ``none``: the eager step (:class:`otm.decode.runner.Runner`, transformers' growing caches); ``static``:
-the static-shape step with eager kernels; ``onednn``: the eager step with the models' float32 linear layers
-computed by oneDNN instead of MKL (:mod:`otm.decode.onednn`; CPU); a ``torch.compile`` mode: the static-shape
+the static-shape step with eager kernels; ``onednn``: the eager step with the models' linear layers on
+oneDNN's prepacked GEMM (:mod:`otm.decode.onednn`; CPU, float32 or bfloat16); a ``torch.compile`` mode: the static-shape
 step compiled (:mod:`otm.decode.static`); ``auto``: whichever of these the cost model measures fastest on this
 machine (:mod:`otm.decode.compile_choice`), resolved before the run.
 """
