@@ -551,6 +551,9 @@ def test_a_target_spread_over_cpu_and_disk_gives_the_same_tokens(tmp_path, capsy
                              offload_folder=tmp_path / "offload")
     offloaded = [n for n, p in split.named_parameters() if p.device.type == "meta"]
     assert offloaded and len(offloaded) < len(list(split.parameters()))  # spread: some on disk, some on the CPU
+    from otm.decode.onednn import use_onednn
+
+    assert use_onednn(split).count == 0  # --compile onednn leaves a target accelerate spreads alone
     for kw in (dict(k=3, length=2, verifier="kseq"), dict(k=2, length=2, verifier="traversal")):
         a = speculative_decode(whole, d, [2, 3, 4], max_new_tokens=12, seed=3, **kw).tokens
         b = speculative_decode(split, d2, [2, 3, 4], max_new_tokens=12, seed=3, **kw).tokens

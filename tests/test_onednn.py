@@ -92,6 +92,13 @@ def test_models_onednn_cannot_take_are_left_alone():
     m = tiny_llama(0).double()
     assert not available(m) and use_onednn(m, None).count == 0
     assert for_choice("none", tiny_llama(1)).count == 0  # only the onednn choice swaps
+    spread = tiny_llama(2)
+    spread.hf_device_map = {"model": "cpu", "lm_head": "disk"}  # accelerate's placement (--device-map)
+    assert not available(spread) and use_onednn(spread).count == 0
+    hooked = tiny_llama(3)
+    hooked.lm_head._hf_hook = object()  # a layer accelerate moves in and out: left alone, the others swapped
+    use_onednn(hooked)
+    assert type(hooked.lm_head) is torch.nn.Linear and isinstance(hooked.model.layers[0].mlp.up_proj, OneDnnLinear)
 
 
 def test_decoder_on_swapped_models_gives_the_same_greedy_tokens():

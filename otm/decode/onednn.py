@@ -71,10 +71,13 @@ class OneDnnLinear(torch.nn.Module):
 
 
 def available(model) -> bool:
-    """Whether ``model`` has weights of a swapped dtype (:func:`dtypes`) on the CPU and this torch has oneDNN."""
+    """Whether ``model`` has weights of a swapped dtype (:func:`dtypes`) on the CPU, is not spread over devices by
+    accelerate (``--device-map``), and this torch has oneDNN."""
     try:
         p = next(model.parameters())
     except (AttributeError, StopIteration, TypeError):
+        return False
+    if getattr(model, "hf_device_map", None):  # spread by accelerate (--device-map): its hooks move the weights
         return False
     return torch.backends.mkldnn.is_available() and p.device.type == "cpu" and p.dtype in dtypes()
 
@@ -103,7 +106,8 @@ def use_onednn(*models):
             continue
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is torch.nn.Linear and child.weight.dtype in swap:
+                if (type(child) is torch.nn.Linear and child.weight.dtype in swap and child.weight.device.type == "cpu"
+                        and not hasattr(child, "_hf_hook")):  # (a layer accelerate moves in and out is left alone)
                     setattr(parent, name, OneDnnLinear(child))
                     swapped.append((parent, name, child))
             for cls, weight, attr in _HEADS:
