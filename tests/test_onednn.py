@@ -18,6 +18,7 @@ from otm.decode import autoregressive_decode, speculative_decode
 from otm.decode.bench import measure_costs
 from otm.decode.onednn import OneDnnLinear, available, dtypes, for_choice, use_onednn
 from otm.decode.sampling import Sampling
+from otm.laws import OtmError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -92,6 +93,8 @@ def test_models_onednn_cannot_take_are_left_alone():
     m = tiny_llama(0).double()
     assert not available(m) and use_onednn(m, None).count == 0
     assert for_choice("none", tiny_llama(1)).count == 0  # only the onednn choice swaps
+    with pytest.raises(OtmError, match="--compile onednn swaps the linear layers"):  # asked for, nothing to swap
+        for_choice("onednn", m)
     spread = tiny_llama(2)
     spread.hf_device_map = {"model": "cpu", "lm_head": "disk"}  # accelerate's placement (--device-map)
     assert not available(spread) and use_onednn(spread).count == 0

@@ -504,9 +504,9 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
         out(picked.line)
         compile = picked.choice
     if compile == "onednn":  # every contender on the same swapped models (left swapped: the caller's run goes on)
-        from .onednn import use_onednn
+        from .onednn import for_choice
 
-        use_onednn(target, draft, hf_draft)
+        for_choice(compile, target, draft, hf_draft)
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
     if compile not in ("none", "static", "onednn"):  # every compiled shape now, so that no row's time includes compilation

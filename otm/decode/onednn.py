@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from ..laws import OtmError
+
 POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 """Whether this torch has the prepacked-weight linear of inductor's freezing (the fast path of :class:`OneDnnLinear`)."""
 
@@ -133,7 +135,11 @@ def for_choice(choice: str, *models):
     """The models of a run whose ``--compile`` choice is ``choice``: swapped onto oneDNN for ``onednn``
     (:func:`use_onednn`), untouched otherwise; returns the undo."""
     if choice == "onednn":
-        return use_onednn(*models)
+        undo = use_onednn(*models)
+        if not undo.count:
+            raise OtmError("--compile onednn swaps the linear layers of float32 (or, where oneDNN computes it, "
+                           "bfloat16) models on the CPU, and these have none: use --compile none or auto")
+        return undo
 
     def undo() -> None:
         pass
