@@ -140,6 +140,12 @@ def test_a_feature_draft_and_a_subset_head_use_onednn_and_decode_the_same():
         for p in draft.parameters():
             if p.requires_grad and p.ndim == 2:
                 p.normal_(0, 0.4)
+    whole = use_onednn(draft)  # over the whole vocabulary the draft's own head gets the copy
+    assert "onednn_linear" in draft.__dict__
+    with torch.inference_mode():
+        torch.testing.assert_close(draft.logits(torch.ones(1, 32)), torch.ones(1, 32) @ draft.head.T, rtol=1e-5, atol=1e-5)
+    whole()
+    assert "onednn_linear" not in draft.__dict__
     restrict_draft(draft, 30, torch.arange(40).flip(0))
     h = torch.randn(2, 32)
     greedy = Sampling(temperature=0.0)
@@ -148,10 +154,10 @@ def test_a_feature_draft_and_a_subset_head_use_onednn_and_decode_the_same():
     with torch.inference_mode():
         want_logits, want = draft.logits(h), run()
     undo = use_onednn(target, draft)
-    assert "onednn_rows" in draft.subset_head.__dict__
+    assert "onednn_linear" in draft.subset_head.__dict__ and "onednn_linear" not in draft.__dict__  # (head unused)
     with torch.inference_mode():
         got_logits, got = draft.logits(h), run()
     undo()
-    assert "onednn_rows" not in draft.subset_head.__dict__
+    assert "onednn_linear" not in draft.subset_head.__dict__ and "onednn_linear" not in draft.__dict__
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits)) and got == want

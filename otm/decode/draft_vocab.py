@@ -83,6 +83,8 @@ class SubsetHead(torch.nn.Module):
     [[1.0, -inf, 3.0, -inf]]
     """
 
+    onednn_weight = "rows"  # F.linear's weight in forward(): otm.decode.onednn.use_onednn gives it a oneDNN copy
+
     def __init__(self, weight: torch.Tensor, ids: torch.Tensor):
         super().__init__()
         ids = ids.to(device=weight.device, dtype=torch.int64)
@@ -91,7 +93,7 @@ class SubsetHead(torch.nn.Module):
         self.register_buffer("rows", weight.detach().index_select(0, ids).contiguous(), persistent=False)  # [S, H]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        fast = self.__dict__.get("onednn_rows")  # the rows on oneDNN (otm.decode.onednn.use_onednn)
+        fast = self.__dict__.get("onednn_linear")  # the rows on oneDNN (otm.decode.onednn.use_onednn)
         sub = fast(hidden) if fast is not None else torch.nn.functional.linear(hidden, self.rows)  # [..., S]
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), -torch.inf)  # [..., V]
         return out.index_copy_(-1, self.ids, sub)

@@ -54,6 +54,12 @@ class FeatureDraft(torch.nn.Module):
         (Parameters, shared, never trained or saved here).
     """
 
+    @property
+    def onednn_weight(self) -> str | None:
+        """F.linear's weight in :meth:`logits` (otm.decode.onednn.use_onednn gives it a oneDNN copy); None with a
+        subset head, which then computes the logits (and gets its own copy)."""
+        return "head" if self.subset_head is None else None
+
     def __init__(self, config, embedding: torch.Tensor, head: torch.Tensor):
         super().__init__()
         from transformers import LlamaModel
@@ -99,7 +105,7 @@ class FeatureDraft(torch.nn.Module):
         vocabulary, ``-inf`` elsewhere, when :func:`otm.decode.draft_vocab.restrict_draft` set one)."""
         if self.subset_head is not None:
             return self.subset_head(hidden)
-        fast = self.__dict__.get("onednn_head")  # the head on oneDNN (otm.decode.onednn.use_onednn)
+        fast = self.__dict__.get("onednn_linear")  # the head on oneDNN (otm.decode.onednn.use_onednn)
         return fast(hidden) if fast is not None else torch.nn.functional.linear(hidden, self.head)
 
 

@@ -91,8 +91,10 @@ def _over(weight: torch.Tensor) -> OneDnnLinear:
     return OneDnnLinear(lin)
 
 
-# heads computed by F.linear on a weight that is not an nn.Linear: (class name, weight attribute, fast attribute)
-_HEADS = (("FeatureDraft", "head", "onednn_head"), ("SubsetHead", "rows", "onednn_rows"))
+FAST = "onednn_linear"
+"""Where a module computing ``F.linear`` on a weight of its own (not an ``nn.Linear``) finds its oneDNN copy: such a
+module names that weight in a class attribute ``onednn_weight`` (the feature draft's head, the draft-vocabulary
+subset head) and uses ``self.__dict__.get(FAST)`` when set."""
 
 
 def use_onednn(*models):
@@ -101,7 +103,7 @@ def use_onednn(*models):
     copy they use instead; returns ``undo()``, which puts everything back. Models that :func:`available`
     refuses are left as they are, and a model already swapped is not swapped twice."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
-    fast: list[tuple[torch.nn.Module, str]] = []
+    fast: list[torch.nn.Module] = []
     swap = dtypes()
     for model in models:
         if model is None or not available(model):
@@ -112,18 +114,18 @@ def use_onednn(*models):
                         and not hasattr(child, "_hf_hook")):  # (a layer accelerate moves in and out is left alone)
                     setattr(parent, name, OneDnnLinear(child))
                     swapped.append((parent, name, child))
-            for cls, weight, attr in _HEADS:
-                w = getattr(parent, weight, None)
-                if (type(parent).__name__ == cls and attr not in parent.__dict__ and isinstance(w, torch.Tensor)
-                        and w.dtype in swap and w.device.type == "cpu"):
-                    parent.__dict__[attr] = _over(w)
-                    fast.append((parent, attr))
+            name = getattr(parent, "onednn_weight", None)
+            w = getattr(parent, name, None) if name else None
+            if (isinstance(w, torch.Tensor) and FAST not in parent.__dict__ and w.dtype in swap
+                    and w.device.type == "cpu"):
+                parent.__dict__[FAST] = _over(w)
+                fast.append(parent)
 
     def undo() -> None:
         for parent, name, child in reversed(swapped):
             setattr(parent, name, child)
-        for parent, attr in fast:
-            parent.__dict__.pop(attr, None)
+        for parent in fast:
+            parent.__dict__.pop(FAST, None)
         swapped.clear()
         fast.clear()
 
