@@ -334,6 +334,9 @@ def _demo_decode(args) -> int:
     from .decode.sampling import Sampling
 
     torch.set_num_threads(1)  # measured here: one thread per process is faster and steadier on 2 cores
+    from .decode.allocator import keep_freed_memory
+
+    keep_freed_memory()  # a step's large temporaries are not faulted in again every step (otm.decode.allocator)
     dtype = resolve_dtype("auto")
     g = DEMO_GRID
     print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target, feature")

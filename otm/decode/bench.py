@@ -436,13 +436,14 @@ def conditions(target, draft, *, dtype, device, seed, sampling, max_new_tokens, 
     import transformers
 
     from ..machine import machine
+    from .allocator import line as malloc_line
 
     def size(m):
         return sum(p.numel() for p in m.parameters())
 
     return [
         machine().line(step_line(compile)),
-        f"platform: {platform.platform()}; python {platform.python_version()}",
+        f"platform: {platform.platform()}; python {platform.python_version()}; {malloc_line()}",
         f"torch {torch.__version__} ({torch.get_num_threads()} threads); transformers {transformers.__version__}; "
         f"device {device}; dtype {dtype}",
         f"target {type(target).__name__} {size(target):,} parameters; draft {type(draft).__name__} "

@@ -214,6 +214,9 @@ def _load(args):
         if args.threads < 1:
             raise OtmError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # a step's large temporaries are not faulted in again every step (otm.decode.allocator)
 
     from transformers.utils import logging as hf_logging
 
