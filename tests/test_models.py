@@ -212,3 +212,20 @@ def test_draft_acceptance_on_held_out_prompts(pair):
     # seventh-round draft 0.409 and 0.463, the sixth-round draft 0.403 and 0.442, the round-4 token-only draft 0.354 and 0.400). An
     # untrained (PCA-initialised) token-only draft gives about 0.05 and the target's average law 0.13.
     assert acc.mean() > 0.38, f"held-out acceptance {acc.mean():.3f}"
+
+
+@pytest.mark.model
+def test_speedup_ceiling_acceptances_are_ordered(pair):
+    """analysis/speedup_ceiling.py's exact depth-1 acceptances on the embedded pair: alpha*(iid, k) is the
+    single-draft acceptance at k = 1, at least K-SEQ's, and grows with k (a wrong column or k would break one)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+    from speedup_ceiling import acceptances
+
+    target, draft, tokenizer = pair
+    acc = acceptances(target, draft, tokenizer, ["How do submarines dive and surface?"], 8, (1, 2, 4))
+    assert len(acc["k=1: sum min(p, q)"]) >= 2
+    assert abs(acc["k=1: alpha*(iid)"] - acc["k=1: sum min(p, q)"]).max() < 1e-9
+    for k in (2, 4):
+        assert (acc[f"k={k}: alpha*(iid)"] >= acc[f"k={k}: K-SEQ"] - 1e-9).all()
+    assert (acc["k=2: alpha*(iid)"] <= acc["k=4: alpha*(iid)"] + 1e-9).all()
+    assert (acc["k=1: p(draft's top k)"] <= acc["k=4: p(draft's top k)"] + 1e-12).all()
