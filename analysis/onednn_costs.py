@@ -41,10 +41,12 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    from otm.decode.allocator import keep_freed_memory
     from otm.decode.bench import measure_costs
     from otm.decode.models import load_pair
     from otm.machine import machine
 
+    keep_freed_memory()  # as the CLI runs (otm.decode.allocator)
     print(machine().line("one torch thread"))
     target, draft, tok = load_pair(dtype=args.dtype)
     print(f"embedded pair in {args.dtype}")
