@@ -133,7 +133,7 @@ def _cache_file(out: Path, cfg: Config, family: str, param: float) -> Path:
 
 def sweep(cfg: Config, out: Path, *, families=None, progress: bool = True, resume: bool = True) -> list[dict]:
     """Evaluate every (family, pair, k); rows cached per family under ``out/cache``."""
-    from tqdm import tqdm
+    from ..progress import bar as tqdm  # a live bar on a terminal, plain lines elsewhere
 
     families = families or family_names()
     todo = []

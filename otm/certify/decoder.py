@@ -114,7 +114,7 @@ def certify_decoder(verifier, *, scheme: str = "iid", k: int = 2, length: int = 
     start = time.perf_counter()
     settings = SETTINGS if settings is None else tuple(settings)
     level = alpha / len(settings)
-    from tqdm.auto import tqdm
+    from ..progress import bar as tqdm  # a live bar on a terminal, plain lines elsewhere
 
     bar = tqdm(total=len(settings), desc="certify (decoder)", unit="setting", disable=not progress, leave=False,
                file=sys.stderr)

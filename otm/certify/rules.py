@@ -568,7 +568,7 @@ def certify(
                        f"({'; '.join(skipped)}): lower k")
     notes = [f"skipped {s}" for s in skipped]
     cases: list[Case] = []
-    from tqdm.auto import tqdm
+    from ..progress import bar as tqdm  # a live bar on a terminal, plain lines elsewhere
 
     if kind == "law":
         bar = tqdm(total=len(chosen) + (1 if examples and target is None else 0), desc="certify (exact)",

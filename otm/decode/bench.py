@@ -475,7 +475,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     ``peer_draft``: the draft of the ``hf assisted`` row when it is not ``draft`` (needed when
     ``draft`` reads the target's features, which transformers' assisted generation cannot feed).
     """
-    from tqdm import tqdm
+    from ..progress import bar as tqdm  # a live bar on a terminal, plain lines elsewhere
 
     from .feature_draft import FeatureDraft
     from ..laws import OtmError

@@ -185,7 +185,7 @@ def profile(target_model, draft_model, tokenizer, prompts, *, ks=(1, 2, 4, 8), l
     ``speculative``. ``check=False`` skips the decode (no measured column). ``names``: how the models
     are named in the conditions. Bad settings raise :class:`~otm.laws.OtmError` (one line).
     """
-    from tqdm import tqdm
+    from ...progress import bar as tqdm  # a live bar on a terminal, plain lines elsewhere
 
     check_settings(temperature=temperature, positions=positions, length=length, paths=paths,
                    check_prompts=check_prompts, check_tokens=check_tokens)
