@@ -6,7 +6,9 @@
 * the decoder on swapped tiny Llamas at temperature 0 gives the tokens of the unswapped models, and the
   feature hooks, caches and rollbacks work through the swapped head;
 * ``measure_costs(compile="onednn")`` times the swapped models and leaves them as they were;
-* models oneDNN cannot take (float64, or a planted non-float32 layer) are left alone.
+* models oneDNN cannot take (float64, or a planted non-float32 layer) are left alone;
+* sibling projections (q/k/v, gate/up) fused into one GEMM give each its own columns, and a sibling called with
+  another input computes its own; only Llama's RMSNorm (and its copies) gets the fused norm.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 
 from otm.decode import autoregressive_decode, speculative_decode
 from otm.decode.bench import measure_costs
-from otm.decode.onednn import OneDnnLinear, available, dtypes, for_choice, use_onednn
+from otm.decode.onednn import FusedLinear, OneDnnLinear, available, dtypes, for_choice, use_onednn
+
+ON = (OneDnnLinear, FusedLinear)  # a layer on oneDNN: alone, or one of fused siblings
 from otm.decode.sampling import Sampling
 from otm.laws import OtmError
 
@@ -61,7 +65,8 @@ def test_bfloat16_layers_are_swapped_where_onednn_computes_them():
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)  # bfloat16: 8 bits of mantissa
     m = tiny_llama(0).to(torch.bfloat16)
-    assert available(m) and use_onednn(m).count == sum(isinstance(x, OneDnnLinear) for x in m.modules()) > 0
+    norms = sum(type(x).__name__ == "LlamaRMSNorm" for x in m.modules())
+    assert available(m) and use_onednn(m).count == sum(isinstance(x, ON) for x in m.modules()) + norms > norms
     assert OneDnnLinear(lin).weight is lin.weight  # the dense weight is shared, not copied
 
 
@@ -71,12 +76,14 @@ def test_swap_and_undo_on_a_model_with_tied_head():
     with torch.inference_mode():
         before = m(ids).logits
     n_linear = sum(type(x) is torch.nn.Linear for x in m.modules())
+    n_norms = sum(type(x).__name__ == "LlamaRMSNorm" for x in m.modules())
     undo = use_onednn(m)
-    assert undo.count == n_linear and not any(type(x) is torch.nn.Linear for x in m.modules())
+    assert undo.count == n_linear + n_norms and not any(type(x) is torch.nn.Linear for x in m.modules())
+    assert all("forward" in x.__dict__ for x in m.modules() if type(x).__name__ == "LlamaRMSNorm")  # fused norms
     assert isinstance(m.get_output_embeddings(), OneDnnLinear)
     assert m.get_output_embeddings().weight is m.get_input_embeddings().weight  # still tied
     ran = []
-    hooks = [x.register_forward_hook(lambda *_: ran.append(1)) for x in m.modules() if isinstance(x, OneDnnLinear)]
+    hooks = [x.register_forward_hook(lambda *_: ran.append(1)) for x in m.modules() if isinstance(x, ON)]
     with torch.inference_mode():
         swapped = m(ids).logits
     for h in hooks:
@@ -85,6 +92,7 @@ def test_swap_and_undo_on_a_model_with_tied_head():
     assert len(ran) == n_linear  # every layer went through oneDNN
     undo()
     assert sum(type(x) is torch.nn.Linear for x in m.modules()) == n_linear
+    assert not any("forward" in x.__dict__ for x in m.modules())
     with torch.inference_mode():
         assert torch.equal(m(ids).logits, before)  # the very modules are back
 
@@ -101,7 +109,7 @@ def test_models_onednn_cannot_take_are_left_alone():
     hooked = tiny_llama(3)
     hooked.lm_head._hf_hook = object()  # a layer accelerate moves in and out: left alone, the others swapped
     use_onednn(hooked)
-    assert type(hooked.lm_head) is torch.nn.Linear and isinstance(hooked.model.layers[0].mlp.up_proj, OneDnnLinear)
+    assert type(hooked.lm_head) is torch.nn.Linear and isinstance(hooked.model.layers[0].mlp.down_proj, OneDnnLinear)
 
 
 def test_decoder_on_swapped_models_gives_the_same_greedy_tokens():
@@ -161,3 +169,58 @@ def test_a_feature_draft_and_a_subset_head_use_onednn_and_decode_the_same():
     assert "onednn_linear" not in draft.subset_head.__dict__ and "onednn_linear" not in draft.__dict__
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits)) and got == want
+
+
+def test_sibling_projections_fused_give_each_its_own_columns():
+    """q/k/v and gate/up as one GEMM: each sibling's output equals its own ``nn.Linear``'s (float32 rounding); a
+    sibling called with another input than the first (a stale cache would hand it the first input's columns)
+    computes its own; a group that differs in width or bias is left as separate layers."""
+    m = tiny_llama(0)
+    attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    originals = {n: getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj")}
+    originals.update({n: getattr(mlp, n) for n in ("gate_proj", "up_proj")})
+    x, y = torch.randn(1, 3, 32), torch.randn(1, 3, 32)
+    with torch.inference_mode():
+        want = {n: lin(x) for n, lin in originals.items()}
+        other = originals["k_proj"](y)
+    undo = use_onednn(m)
+    assert all(isinstance(getattr(attn, n), FusedLinear) for n in ("q_proj", "k_proj", "v_proj"))
+    assert attn.k_proj.packed is attn.q_proj.packed and mlp.up_proj.packed is mlp.gate_proj.packed
+    assert attn.o_proj.__class__ is OneDnnLinear  # no sibling: alone
+    with torch.inference_mode():
+        got = {n: getattr(attn, n)(x) for n in ("q_proj", "k_proj", "v_proj")}
+        got.update({n: getattr(mlp, n)(x) for n in ("gate_proj", "up_proj")})
+        assert attn.k_proj.last.x is x  # the siblings read the first's output: one GEMM
+        torch.testing.assert_close(attn.k_proj(y), other, rtol=1e-5, atol=1e-5)  # another input: its own
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-5)
+    undo()
+    assert all(getattr(attn if n[0] in "qkv" else mlp, n) is lin for n, lin in originals.items())
+    odd = tiny_llama(1)
+    odd.model.layers[0].mlp.up_proj = torch.nn.Linear(32, 64, bias=True)  # bias on one sibling only
+    use_onednn(odd)
+    assert isinstance(odd.model.layers[0].mlp.up_proj, OneDnnLinear)  # swapped alone, not fused
+    assert isinstance(odd.model.layers[1].mlp.up_proj, FusedLinear)
+
+
+def test_only_llamas_rms_norm_is_fused():
+    """The fused RMSNorm replaces exactly transformers' Llama forward (and its word-for-word copies): its output
+    within float32 rounding; a norm computing something else (Gemma's 1 + weight) is left alone."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32) * 3
+    for cls, fused in ((LlamaRMSNorm, True), (Qwen2RMSNorm, True), (GemmaRMSNorm, False)):
+        norm = cls(32, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.normal_()
+        parent = torch.nn.Sequential(norm, torch.nn.Linear(32, 4))
+        with torch.inference_mode():
+            want = norm(x)
+            undo = use_onednn(parent)
+            assert ("forward" in norm.__dict__) is fused, cls.__name__
+            torch.testing.assert_close(norm(x), want, rtol=1e-6, atol=1e-6)
+        undo()
+        assert "forward" not in norm.__dict__

@@ -459,8 +459,8 @@ def step_line(compile: str) -> str:
     if compile == "none":
         return "eager step (no compilation)"
     if compile == "onednn":
-        return ("eager step, every linear layer on oneDNN's prepacked GEMM instead of torch's own (no compilation), "
-                "for every row, transformers' included")
+        return ("eager step, every linear layer on oneDNN's prepacked GEMM instead of torch's own, sibling projections "
+                "and RMSNorms fused (no compilation), for every row, transformers' included")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "

@@ -16,9 +16,15 @@ draft-vocabulary subset's) oneDNN copies, and returns the undo. The numbers diff
 rounding (sums in another order); the laws the decoder verifies are the model's whichever GEMM computed them,
 so exactness is untouched. Every contender of a bench (autoregressive, speculative, transformers'
 ``generate`` and assisted generation) runs on the same swapped models: the ratios stay fair.
+
+The same swap fuses a module's sibling projections (:data:`SIBLINGS`: attention's q/k/v, a gated MLP's
+gate/up) into one GEMM (:class:`FusedLinear`) and runs Llama's RMSNorm as one ``F.rms_norm``: 3-6 % off a
+target call on the embedded pair (``analysis/onednn_fused_ab.py``; ``docs/decode.md``, "Siblings fused").
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 
@@ -91,6 +97,87 @@ def _over(weight: torch.Tensor) -> OneDnnLinear:
     return OneDnnLinear(lin)
 
 
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Projections a module computes from one input (attention's queries, keys and values; a gated MLP's gate and
+up), in the order its forward calls them: fused into one GEMM by :func:`use_onednn`."""
+
+
+class _Last:
+    """The input a fused group last saw and its output (every sibling's columns)."""
+
+    __slots__ = ("x", "out")
+
+    def __init__(self):
+        self.x = self.out = None
+
+
+class FusedLinear(torch.nn.Module):
+    """One of sibling projections fused into one oneDNN GEMM: the first sibling (``lo == 0``) computes every
+    sibling's output from its input and keeps it; the others return their columns of it when called with the
+    very same input tensor (``is``, as attention and a gated MLP call them), else compute their own by torch's
+    ``F.linear`` on their dense weight. The dense weight and bias stay, as in :class:`OneDnnLinear`."""
+
+    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: _Last):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.lo, self.hi = lo, lo + linear.out_features
+        self.packed, self.fused_bias, self.last = packed, bias, last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lo == 0 and x.dtype == self.weight.dtype and x.device.type == "cpu":
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.fused_bias, "none", [], "")
+            self.last.x, self.last.out = x, out
+            return out[..., : self.hi]
+        if self.lo and self.last.x is x:
+            return self.last.out[..., self.lo : self.hi]
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, columns {self.lo}:{self.hi} of a fused GEMM"
+
+
+def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
+    """Fuse ``parent``'s sibling projections ``names`` where all are plain CPU ``nn.Linear`` of one swapped dtype,
+    input width and bias presence, none hooked by accelerate; the originals, for the undo."""
+    linears = [getattr(parent, n, None) for n in names]
+    if not POINTWISE or not all(type(m) is torch.nn.Linear for m in linears):
+        return []
+    first = linears[0]
+    if any(m.weight.dtype != first.weight.dtype or m.weight.dtype not in swap or m.weight.device.type != "cpu"
+           or m.in_features != first.in_features or (m.bias is None) != (first.bias is None)
+           or hasattr(m, "_hf_hook") for m in linears):
+        return []
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]), None)
+        bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
+    last, lo, out = _Last(), 0, []
+    for name, m in zip(names, linears):
+        setattr(parent, name, FusedLinear(m, lo, packed, bias, last))
+        out.append((name, m))
+        lo += m.out_features
+    return out
+
+
+def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Llama's RMSNorm in one fused op (``F.rms_norm``) instead of six: the same arithmetic in float32."""
+    x = torch.nn.functional.rms_norm(hidden_states.float(), (hidden_states.shape[-1],), eps=self.variance_epsilon)
+    return self.weight * x.to(hidden_states.dtype)
+
+
+def _llama_rms_norm(module) -> bool:
+    """Whether ``module``'s forward is transformers' Llama RMSNorm, word for word (the copies other models carry
+    included), so that :func:`_rms_norm_forward` computes the same."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    except ImportError:
+        return False
+    mine, llama = getattr(type(module).forward, "__code__", None), LlamaRMSNorm.forward.__code__
+    return (mine is not None and mine.co_code == llama.co_code and mine.co_names == llama.co_names
+            and mine.co_consts == llama.co_consts and hasattr(module, "variance_epsilon")
+            and "forward" not in module.__dict__)
+
+
 FAST = "onednn_linear"
 """Where a module computing ``F.linear`` on a weight of its own (not an ``nn.Linear``) finds its oneDNN copy: such a
 module names that weight in a class attribute ``onednn_weight`` (the feature draft's head, the draft-vocabulary
@@ -104,11 +191,17 @@ def use_onednn(*models):
     refuses are left as they are, and a model already swapped is not swapped twice."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
     fast: list[torch.nn.Module] = []
+    norms: list[torch.nn.Module] = []
     swap = dtypes()
     for model in models:
         if model is None or not available(model):
             continue
         for parent in list(model.modules()):
+            for names in SIBLINGS:
+                swapped.extend((parent, name, m) for name, m in _fuse(parent, names, swap))
+            if _llama_rms_norm(parent) and parent.weight.device.type == "cpu" and parent.weight.dtype in swap:
+                parent.forward = types.MethodType(_rms_norm_forward, parent)
+                norms.append(parent)
             for name, child in list(parent.named_children()):
                 if (type(child) is torch.nn.Linear and child.weight.dtype in swap and child.weight.device.type == "cpu"
                         and not hasattr(child, "_hf_hook")):  # (a layer accelerate moves in and out is left alone)
@@ -126,10 +219,13 @@ def use_onednn(*models):
             setattr(parent, name, child)
         for parent in fast:
             parent.__dict__.pop(FAST, None)
+        for parent in norms:
+            parent.__dict__.pop("forward", None)
         swapped.clear()
         fast.clear()
+        norms.clear()
 
-    undo.count = len(swapped) + len(fast)  # type: ignore[attr-defined]
+    undo.count = len(swapped) + len(fast) + len(norms)  # type: ignore[attr-defined]
     return undo
 
 
@@ -150,4 +246,4 @@ def for_choice(choice: str, *models):
     return undo
 
 
-__all__ = ["OneDnnLinear", "available", "for_choice", "use_onednn"]
+__all__ = ["FusedLinear", "OneDnnLinear", "SIBLINGS", "available", "for_choice", "use_onednn"]
