@@ -576,10 +576,11 @@ def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(
     widest tree wins; with trees costing n T(1) and draft calls of T(1) nothing beats autoregressive sampling,
     and the line says so with the numbers. The CLI's -k auto --length auto runs and prints its line."""
     from otm.cli import main
-    from otm.decode.auto import block_efficiency, plan
+    from otm.decode.auto import block_efficiency, levels_verified, plan
     from otm.decode.bench import Costs
 
     assert block_efficiency([0.5, 0.5, 0.5], 2) == 1.75 and block_efficiency([1.0, float("nan")], 2) == 2.0
+    assert levels_verified([0.5, 0.5, 0.5], 3) == 1.75 and levels_verified([0.5, 0.5], 1) == 1.0
     target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
     sizes = [1 + k * L for k in (1, 2, 4) for L in (1, 2, 3, 4)]
     free = Costs({n: 10.0 for n in [1] + sizes}, {1: 0.1, 2: 0.1, 4: 0.1}, 8)
@@ -587,8 +588,15 @@ def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(
     assert len(p.candidates) == 12 and p.best is not None
     assert p.best.speedup == max(c.speedup for c in p.candidates) > 1.0
     for c in p.candidates:  # each prediction is B(L) of its warm-up's acceptance over its measured step
-        assert c.block_efficiency == block_efficiency(p.acceptance[(c.verifier, c.k)], c.length)
-        assert c.speedup == pytest.approx(c.block_efficiency * 10.0 / free.step_ms(c.k, c.length))
+        acc = p.acceptance[(c.verifier, c.k)]
+        assert c.block_efficiency == block_efficiency(acc, c.length)
+        assert c.speedup == pytest.approx(c.block_efficiency * (10.0 + p.ar_between_ms)
+                                          / (free.step_ms(c.k, c.length) + c.between_ms))
+        assert 0.0 < p.ar_between_ms < 1000.0
+        deepest = next(d for d in p.candidates if (d.verifier, d.k, d.length) == (c.verifier, c.k, 4))
+        # the time between the calls, measured at the deepest L, scaled by the levels a step verifies
+        assert c.between_ms == pytest.approx(deepest.between_ms * levels_verified(acc, c.length) / levels_verified(acc, 4))
+        assert 0.0 < c.between_ms < 1000.0
     assert p.line().startswith("auto: kseq k=")
     dear = Costs({n: 10.0 * n for n in [1] + sizes}, {1: 10.0, 2: 10.0, 4: 10.0}, 8)
     q = plan(target, draft, [2, 3, 4], ks=(1, 2, 4), lengths=(1, 2, 3, 4), costs=dear, warmup_tokens=24)
@@ -602,3 +610,28 @@ def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(
     assert main(["decode", "--prompt", "a", "-k", "many", *models]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "-k: must be a whole number or auto" in err
+
+
+def test_auto_plan_counts_the_verifiers_own_time():
+    """A verifier that takes 20 ms a call (planted: the same rule, slowed) gets those milliseconds in its
+    steps' time between the calls, and a lower predicted speed-up than the same rule at full speed."""
+    import time as _time
+
+    from otm.decode.auto import levels_verified, plan
+    from otm.decode.bench import Costs
+    from otm.torch import VERIFIERS as TORCH_VERIFIERS
+
+    def slow_kseq(*args, **kwargs):
+        _time.sleep(0.02)
+        return TORCH_VERIFIERS["kseq"](*args, **kwargs)
+
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    costs = Costs({n: 10.0 for n in (1, 3, 5)}, {1: 0.1, 2: 0.1}, 8)
+    fast = plan(target, draft, [2, 3, 4], ks=(2,), lengths=(1, 2), costs=costs, warmup_tokens=16)
+    slow = plan(target, draft, [2, 3, 4], ks=(2,), lengths=(1, 2), costs=costs, warmup_tokens=16,
+                verifiers=(slow_kseq,))
+    for c in slow.candidates:
+        assert c.between_ms >= 18.0 * levels_verified(slow.acceptance[(slow_kseq, 2)], c.length)
+    by = lambda p, L: next(c for c in p.candidates if c.length == L)
+    for L in (1, 2):
+        assert by(fast, L).between_ms < 10.0 < by(slow, L).between_ms and by(slow, L).speedup < by(fast, L).speedup
