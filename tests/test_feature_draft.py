@@ -275,3 +275,22 @@ def test_draft_logits_for_either_kind_of_draft():
             assert np.abs(got[j - 1].numpy() - ref).max() < 1e-5
         plain = tiny_target(16)
         torch.testing.assert_close(draft_logits(plain, target, torch.tensor([ids])), plain(torch.tensor([ids])).logits)
+
+
+def test_compiling_the_feature_draft_traces_no_memoised_lookup():
+    """The draft's forward, traced by torch.compile (the static step), asks nothing of the memoised cache-keyword
+    lookup (dynamo warned "Dynamo detected a call to a functools.lru_cache-wrapped function" on every compile)."""
+    import warnings
+
+    from otm.decode.feature_draft import draft_config
+
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2)
+    emb = torch.randn(16, 32)
+    draft = FeatureDraft(draft_config(cfg), emb, emb.clone()).eval()
+    compiled = torch.compile(lambda ids, feats: draft(ids, feats).hidden, backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = compiled(torch.tensor([[1, 2, 3]]), torch.randn(1, 3, 32))
+    assert out.shape == (1, 3, 32)
+    assert not [w for w in seen if "lru_cache" in str(w.message)]

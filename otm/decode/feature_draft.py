@@ -81,6 +81,11 @@ class FeatureDraft(torch.nn.Module):
         self.__dict__["embedding"] = embedding
         self.__dict__["head"] = head
         self.subset_head = None  # a SubsetHead when the draft proposes among S tokens only (otm.decode.draft_vocab)
+        from .caches import cache_keyword
+
+        # how the inner model takes its cache, asked once: not in forward, which torch.compile traces (dynamo
+        # warns about tracing through the memoised lookup)
+        self.__dict__["cache_kw"] = cache_keyword(self.model.forward)
 
     def forward(self, input_ids, features, position_ids=None, past_key_values=None, use_cache=False,
                 attention_mask=None):
@@ -93,11 +98,11 @@ class FeatureDraft(torch.nn.Module):
         """
         emb = torch.nn.functional.embedding(input_ids, self.embedding)
         z = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
-        from .caches import cache_keyword, returned_cache
+        from .caches import returned_cache
 
         extra = {} if attention_mask is None else {"attention_mask": attention_mask}
         out = self.model(inputs_embeds=z, position_ids=position_ids, use_cache=use_cache,
-                         **{cache_keyword(self.model.forward): past_key_values}, **extra)
+                         **{self.cache_kw: past_key_values}, **extra)
         return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=returned_cache(out))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
