@@ -344,6 +344,10 @@ def _demo_decode(args) -> int:
     print(f"The machine picks the tree: k in {g['ks']}, L in {g['lengths']}, K-SEQ, from T(n), d(b) and the acceptance")
     print("by depth measured here; then autoregressive vs k = 1 (speculative sampling) vs the chosen tree\n")
     print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
+    if not sys.stderr.isatty():  # transformers' own bars redraw with carriage returns: in a log, one garbled line
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     target, draft, tokenizer = load_pair(None, None, dtype=dtype, device="cpu", draft_vocab=DEFAULT_DRAFT_VOCAB)
     name = str(dtype).removeprefix("torch.")
     sampling = Sampling()
