@@ -47,6 +47,7 @@ class Lines:
         for x in self.iterable:
             yield x
             self.update(1)
+        self.close()  # as tqdm: a bar iterated to the end is closed
 
     def __enter__(self):
         return self

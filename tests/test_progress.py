@@ -31,14 +31,14 @@ def test_a_pipe_gets_plain_lines_without_carriage_returns(monkeypatch):
 
 def test_lines_are_throttled_and_iteration_counts():
     out = io.StringIO()
-    seen = list(bar(range(5), desc="laws", file=out, every=3600.0))
-    assert seen == [0, 1, 2, 3, 4]
-    assert out.getvalue().count("\n") == 0  # nothing before the end: under the interval
     b = bar(range(5), desc="laws", file=out, every=3600.0)
-    for _ in b:
-        pass
-    b.close()
-    (line,) = out.getvalue().splitlines()  # one line, at the end
+    seen = []
+    for x in b:
+        seen.append(x)
+        assert out.getvalue() == ""  # nothing while running: under the interval
+    assert seen == [0, 1, 2, 3, 4]
+    b.close()  # iterated to the end closed it already (as tqdm): one line, not two
+    (line,) = out.getvalue().splitlines()
     assert line.startswith("laws: 5/5, ") and line.endswith(" s, done")
 
 
@@ -56,3 +56,18 @@ def test_a_terminal_gets_tqdm_and_disable_is_silent():
     off.update(2)
     off.close()
     assert quiet.getvalue() == ""
+
+
+def test_the_gguf_conversion_bar_goes_through_ours(capsys):
+    """transformers' GGUF loader draws its own tqdm bar; during the embedded target's conversion it is ours: lines
+    in a pipe (pytest's captured stderr is not a terminal), and the loader's own bar back afterwards."""
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    from otm.decode.embedded import _gguf_progress
+
+    own = loader.tqdm
+    with _gguf_progress():
+        assert list(loader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")) == [0, 1, 2]
+    assert loader.tqdm is own
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.startswith("Converting and de-quantizing GGUF tensors: 3/3, ")

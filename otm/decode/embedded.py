@@ -18,6 +18,8 @@ Loading any pair (these defaults included) is :mod:`otm.decode.models`.
 
 from __future__ import annotations
 
+import contextlib
+
 import importlib.util
 import os
 import shutil
@@ -126,9 +128,10 @@ def default_target_path() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{TARGET_CACHE_NAME}.", dir=dest.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-        )
+        with _gguf_progress():
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+            )
         # transformers dequantises GGUF weights to plain fp32 tensors on load but still tags
         # the model as GGUF-quantized, which save_pretrained refuses; drop the tag.
         model.hf_quantizer = None
@@ -143,6 +146,28 @@ def default_target_path() -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+@contextlib.contextmanager
+def _gguf_progress():
+    """transformers' GGUF loader draws its own tqdm bar over the tensors; through :func:`otm.progress.bar` it stays
+    a live bar on a terminal and becomes plain lines in a pipe or a log (its carriage-return redraws otherwise)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as loader
+    except ImportError:  # another layout of transformers: its own bar, as it is
+        yield
+        return
+    from ..progress import bar
+
+    own = getattr(loader, "tqdm", None)
+    if own is None:
+        yield
+        return
+    loader.tqdm = lambda iterable=None, desc="", **kw: bar(iterable, desc=desc.rstrip(". ") or "converting", **kw)
+    try:
+        yield
+    finally:
+        loader.tqdm = own
 
 
 def default_draft_path() -> Path:
