@@ -40,8 +40,9 @@ MIN_DECODE_SECONDS = 2.0
 
 FILE = "compile_choice.json"
 
-CANDIDATES = "eager, eager on oneDNN, compiled"
-"""The steps timed against each other (part of the cache key: a decision taken among fewer is taken again)."""
+CANDIDATES = "eager, eager on oneDNN (siblings fused), compiled"
+"""The steps timed against each other (part of the cache key: a decision taken among fewer, or among earlier
+versions of them, is taken again)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
         steps["onednn"], t1["onednn"] = step(one), one.target(1)
     if out is not None:
         out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
-            "kept in the user cache) against the eager one ...")
+            f"kept in the user cache) against the eager one{' and the eager one on oneDNN' if 'onednn' in steps else ''} ...")
     start = time.perf_counter()
     compiled = measure(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
     seconds = time.perf_counter() - start
