@@ -33,12 +33,7 @@ def main() -> None:
     print(machine().line("eager step, oneDNN linears"))
     alone, _, tok = load_pair(dtype=args.dtype)
     fused, _, _ = load_pair(dtype=args.dtype)
-    siblings, norm = onednn.SIBLINGS, onednn._llama_rms_norm
-    onednn.SIBLINGS, onednn._llama_rms_norm = (), (lambda m: False)
-    try:
-        onednn.use_onednn(alone)  # every layer alone
-    finally:
-        onednn.SIBLINGS, onednn._llama_rms_norm = siblings, norm
+    onednn.use_onednn(alone, fuse=False)  # every layer alone
     onednn.use_onednn(fused)
     context = tok("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"][:200]
     times: dict[tuple[str, int], list[float]] = {}

@@ -224,3 +224,16 @@ def test_only_llamas_rms_norm_is_fused():
             torch.testing.assert_close(norm(x), want, rtol=1e-6, atol=1e-6)
         undo()
         assert "forward" not in norm.__dict__
+
+
+def test_fuse_false_swaps_every_layer_alone():
+    """``use_onednn(..., fuse=False)`` (the A/B of analysis/onednn_fused_ab.py): every linear a OneDnnLinear, no
+    norm replaced, and the same outputs as the fused swap up to rounding."""
+    alone, fused = tiny_llama(0), tiny_llama(0)
+    n_linear = sum(type(x) is torch.nn.Linear for x in alone.modules())
+    assert use_onednn(alone, fuse=False).count == n_linear
+    assert not any(isinstance(x, FusedLinear) or "forward" in x.__dict__ for x in alone.modules())
+    use_onednn(fused)
+    ids = torch.tensor([[1, 5, 7, 2]])
+    with torch.inference_mode():
+        torch.testing.assert_close(alone(ids).logits, fused(ids).logits, rtol=1e-4, atol=1e-4)

@@ -78,12 +78,8 @@ def block_efficiency(acceptance: list[float], length: int) -> float:
 
 def levels_verified(acceptance: list[float], length: int) -> float:
     """:math:`V(L) = \\sum_{d=0}^{L-1} \\prod_{j \\le d} a_j`: the levels a step of depth L verifies on average
-    (the root's always; a deeper one when every level above accepted)."""
-    total, reach = 0.0, 1.0
-    for a in acceptance[:length]:
-        total += reach
-        reach *= a if a == a else 0.0
-    return total
+    (the root's always; a deeper one when every level above accepted): the tokens a step of depth L - 1 emits."""
+    return block_efficiency(acceptance, length - 1)
 
 
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",

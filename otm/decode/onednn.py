@@ -137,16 +137,21 @@ class FusedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, columns {self.lo}:{self.hi} of a fused GEMM"
 
 
+def _swappable(module, swap) -> bool:
+    """A plain ``nn.Linear`` of a swapped dtype on the CPU that accelerate does not move in and out (``_hf_hook``)."""
+    return (type(module) is torch.nn.Linear and module.weight.dtype in swap and module.weight.device.type == "cpu"
+            and not hasattr(module, "_hf_hook"))
+
+
 def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
     """Fuse ``parent``'s sibling projections ``names`` where all are plain CPU ``nn.Linear`` of one swapped dtype,
     input width and bias presence, none hooked by accelerate; the originals, for the undo."""
     linears = [getattr(parent, n, None) for n in names]
-    if not POINTWISE or not all(type(m) is torch.nn.Linear for m in linears):
+    if not POINTWISE or not all(_swappable(m, swap) for m in linears):
         return []
     first = linears[0]
-    if any(m.weight.dtype != first.weight.dtype or m.weight.dtype not in swap or m.weight.device.type != "cpu"
-           or m.in_features != first.in_features or (m.bias is None) != (first.bias is None)
-           or hasattr(m, "_hf_hook") for m in linears):
+    if any(m.weight.dtype != first.weight.dtype or m.in_features != first.in_features
+           or (m.bias is None) != (first.bias is None) for m in linears):
         return []
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]), None)
@@ -184,11 +189,12 @@ module names that weight in a class attribute ``onednn_weight`` (the feature dra
 subset head) and uses ``self.__dict__.get(FAST)`` when set."""
 
 
-def use_onednn(*models):
+def use_onednn(*models, fuse: bool = True):
     """Swap every ``nn.Linear`` of a swapped dtype (:func:`dtypes`) of the given models (None skipped) for a :class:`OneDnnLinear`, and give
     the heads computed by ``F.linear`` (a feature draft's head, a draft-vocabulary subset head) a oneDNN
     copy they use instead; returns ``undo()``, which puts everything back. Models that :func:`available`
-    refuses are left as they are, and a model already swapped is not swapped twice."""
+    refuses are left as they are, and a model already swapped is not swapped twice. ``fuse`` (default): sibling
+    projections as one GEMM (:class:`FusedLinear`) and Llama's RMSNorm as one op; ``fuse=False`` every layer alone."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
     fast: list[torch.nn.Module] = []
     norms: list[torch.nn.Module] = []
@@ -197,14 +203,13 @@ def use_onednn(*models):
         if model is None or not available(model):
             continue
         for parent in list(model.modules()):
-            for names in SIBLINGS:
+            for names in SIBLINGS if fuse else ():
                 swapped.extend((parent, name, m) for name, m in _fuse(parent, names, swap))
-            if _llama_rms_norm(parent) and parent.weight.device.type == "cpu" and parent.weight.dtype in swap:
+            if fuse and _llama_rms_norm(parent) and parent.weight.device.type == "cpu" and parent.weight.dtype in swap:
                 parent.forward = types.MethodType(_rms_norm_forward, parent)
                 norms.append(parent)
             for name, child in list(parent.named_children()):
-                if (type(child) is torch.nn.Linear and child.weight.dtype in swap and child.weight.device.type == "cpu"
-                        and not hasattr(child, "_hf_hook")):  # (a layer accelerate moves in and out is left alone)
+                if _swappable(child, swap):
                     setattr(parent, name, OneDnnLinear(child))
                     swapped.append((parent, name, child))
             name = getattr(parent, "onednn_weight", None)
