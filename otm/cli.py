@@ -458,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
                       help="how every contender's step runs (default auto: eager, eager with the linear layers on "
-                           "oneDNN, or compiled by torch.compile, whichever the cost model measures fastest on this "
+                           "oneDNN, with the target's block layers on its GGUF's own 4-bit weights, or compiled by torch.compile, whichever the cost model measures fastest on this "
                            "machine; the first run compiles each shape once, about 30 s each on 2 cores, and the "
                            "choice is kept in the user cache)")
     demo.set_defaults(func=_cmd_demo)

@@ -33,13 +33,16 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _fake_costs(eager: float, compiled: float, calls: list, onednn: float | None = None):
+def _fake_costs(eager: float, compiled: float, calls: list, onednn: float | None = None, int4: float | None = None):
     """measure_costs' stand-in: T(n) and d(b) of ``eager`` ms each with compile none, ``onednn`` (default: the
-    eager figure) with the linear layers on oneDNN, ``compiled`` otherwise."""
+    eager figure) with the linear layers on oneDNN, ``int4`` (default: the eager figure) on the GGUF's 4-bit
+    blocks, ``compiled`` otherwise."""
 
     def fake(target, draft, context, sizes, batches, *, compile="none", **kw):
         calls.append(compile)
-        ms = eager if compile == "none" else (eager if onednn is None else onednn) if compile == "onednn" else compiled
+        swapped = {"onednn": onednn, "int4": int4}
+        ms = (eager if compile == "none" else (eager if swapped[compile] is None else swapped[compile])
+              if compile in swapped else compiled)
         return Costs({n: ms for n in sizes}, {b: ms / 10 for b in batches}, len(context))
 
     return fake
@@ -127,3 +130,21 @@ def test_onednn_is_not_timed_for_models_it_cannot_take(cache):
     calls = []
     compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 60.0, calls), k=2, length=2, new_tokens=64)
     assert calls == ["none", "default"]
+
+
+def test_the_ggufs_4bit_blocks_are_timed_where_the_target_has_them(cache, monkeypatch):
+    """A target the 4-bit swap takes (here: declared so) is timed on it too, and chosen when fastest; the choice
+    and its line name it."""
+    from otm.decode import int4
+
+    monkeypatch.setattr(int4, "available", lambda model: model is t)
+    t, d = _tiny_llama(0), _tiny_llama(1)
+    calls = []
+    picked = compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, onednn=70.0, int4=50.0),
+                                   k=1, length=2, new_tokens=64)
+    assert picked.choice == "int4" and calls == ["none", "onednn", "int4", "default"]
+    assert "eager on the GGUF's 4-bit blocks 50.0 ms" in picked.line
+    calls.clear()
+    assert compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, onednn=70.0, int4=80.0),
+                                 k=2, length=2, new_tokens=64).choice == "onednn"
+    assert "int4" in calls

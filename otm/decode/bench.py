@@ -44,6 +44,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .steps import EAGER, SWAPS
+
 PROMPTS = (
     "Write a short story about a robot who learns to paint.",
     "Explain why the sky is blue in simple terms.",
@@ -152,7 +154,7 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
     ``StaticCache`` with the forward compiled in that mode (transformers' ``CompileConfig``, on every device:
     by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
     rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
-    if compile in ("none", "onednn"):  # onednn: the models themselves run on oneDNN, generate's loop is eager
+    if compile in EAGER:  # onednn, int4: the models themselves are swapped, generate's loop is eager
         return {}
     from transformers import StaticCache
 
@@ -326,11 +328,11 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
     prompt = list(context if prompt is None else prompt)
     features = is_feature_draft_model(draft)
     calls: dict[tuple[str, int], object] = {}
-    static = compile not in ("none", "onednn")
-    if compile == "onednn":  # the same calls with the models' linear layers on oneDNN, then the models as they were
-        from .onednn import use_onednn
+    static = compile not in EAGER
+    if compile in SWAPS:  # the same calls with the models swapped (oneDNN, the GGUF's 4-bit blocks), then as they were
+        from .onednn import for_choice
 
-        undo = use_onednn(target, draft)
+        undo = for_choice(compile, target, draft, require=False)
         try:
             return measure_costs(target, draft, context, sizes, batches, sampling=sampling, repeats=repeats,
                                  prompt=prompt, compile="none", capacity=capacity)
@@ -461,6 +463,10 @@ def step_line(compile: str) -> str:
     if compile == "onednn":
         return ("eager step, every linear layer on oneDNN's prepacked GEMM instead of torch's own, sibling projections "
                 "and RMSNorms fused (no compilation), for every row, transformers' included")
+    if compile == "int4":
+        return ("eager step, the target's block layers on its GGUF's own 4-bit weights (torch's int4 CPU GEMM; group "
+                "scales and zeros in bfloat16), every other linear layer on oneDNN's prepacked GEMM, siblings and "
+                "RMSNorms fused (no compilation), for every row, transformers' included")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "
@@ -504,13 +510,13 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                         capacity=max(map(len, prompts)) + max_new_tokens)
         out(picked.line)
         compile = picked.choice
-    if compile == "onednn":  # every contender on the same swapped models (left swapped: the caller's run goes on)
+    if compile in SWAPS:  # every contender on the same swapped models (left swapped: the caller's run goes on)
         from .onednn import for_choice
 
         for_choice(compile, target, draft, hf_draft)
     for row in rows:  # warm-up: every contender once, 4 tokens (first-call costs stay out of the table)
         _run(row.contender, target, draft, prompts[0], sampling, 4, eos, seed, hf_draft, compile=compile)
-    if compile not in ("none", "static", "onednn"):  # every compiled shape now, so that no row's time includes compilation
+    if compile not in EAGER + ("static",):  # every compiled shape now, so that no row's time includes compilation
         from .static import warm_all
 
         warm_all(target, draft)
@@ -518,7 +524,7 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
                           [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours],  # tree sizes
                           [1] + [c.k for c in ours], sampling=sampling,
                           prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
-    if compile not in ("none", "static", "onednn"):
+    if compile not in EAGER + ("static",):
         warm_all(target, draft)  # the cost model's sizes
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)

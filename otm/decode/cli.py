@@ -123,6 +123,8 @@ def _common(p) -> None:
                    help="how the step runs (default auto: whichever of the others the cost model measures fastest "
                         "here, decided once per machine and model and kept in the user cache; none: the eager step; "
                         "onednn: the eager step with the linear layers on oneDNN's prepacked GEMM (CPU, float32 or bfloat16); "
+                        "int4: as onednn, the target's block layers on its GGUF's own 4-bit weights (the embedded "
+                        "target in bfloat16); "
                         "static: the static shapes, eager kernels; a torch.compile mode: the static-shape step "
                         "compiled in that mode, once per shape)")
 
@@ -309,7 +311,7 @@ def cmd_decode(args) -> int:
         args.compile = _choose_compile(args, target, draft, ids, sampling)
     from .onednn import for_choice
 
-    for_choice(args.compile, target, draft)  # onednn: the models' linear layers on oneDNN for the run
+    for_choice(args.compile, target, draft)  # onednn, int4: the models' layers swapped for the run
     import json
     import time
 

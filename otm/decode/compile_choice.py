@@ -1,10 +1,11 @@
-r"""``--compile auto``: the machine decides how the step runs (eager, eager on oneDNN, compiled), by the cost model.
+r"""``--compile auto``: the machine decides how the step runs (eager, eager on oneDNN, on 4-bit blocks, compiled), by the cost model.
 
 The decision compares the step the run will take, :math:`S = T(1 + kL) + d(1) + (L - 1)\,d(k)` ms
 (:meth:`otm.decode.bench.Costs.step_ms`; :math:`T(1)` for autoregressive sampling), measured on this
 machine: with the eager step (transformers' growing caches), with the eager step whose linear layers
 run on oneDNN's prepacked GEMM (``onednn``, :mod:`otm.decode.onednn`; CPU models in float32, or bfloat16 where
-oneDNN computes it),
+oneDNN computes it), with the same step whose target computes its block layers on its GGUF's own 4-bit weights
+(``int4``, :mod:`otm.decode.int4`; a bfloat16 target converted from a Q4_0 / Q4_1 GGUF otm knows: the embedded one),
 and with the static-shape step compiled by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on
 a CPU: inductor with freezing, ``reduce-overhead`` on a GPU: CUDA graphs). The fastest is chosen when it is
 at least :data:`MARGIN` faster than the eager step; the block efficiency B is the same for all, so the step
@@ -40,7 +41,7 @@ MIN_DECODE_SECONDS = 2.0
 
 FILE = "compile_choice.json"
 
-CANDIDATES = "eager, eager on oneDNN (siblings fused), compiled"
+CANDIDATES = "eager, eager on oneDNN (siblings fused), eager on the GGUF's 4-bit blocks, compiled"
 """The steps timed against each other (part of the cache key: a decision taken among fewer, or among earlier
 versions of them, is taken again)."""
 
@@ -100,6 +101,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     import torch
 
     from .embedded import cache_dir
+    from .int4 import available as int4_available
     from .onednn import available as onednn_available
     from .runner import device_and_dtype
 
@@ -128,9 +130,13 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     if onednn_available(target):  # the eager step with the linear layers on oneDNN (otm.decode.onednn)
         one = measure(target, draft, context, sizes, batches, compile="onednn", **common)
         steps["onednn"], t1["onednn"] = step(one), one.target(1)
+    if int4_available(target):  # the target's block layers on its GGUF's own 4-bit weights (otm.decode.int4)
+        four = measure(target, draft, context, sizes, batches, compile="int4", **common)
+        steps["int4"], t1["int4"] = step(four), four.target(1)
     if out is not None:
+        others = {"onednn": " and the eager one on oneDNN", "int4": " and on the GGUF's 4-bit blocks"}
         out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
-            f"kept in the user cache) against the eager one{' and the eager one on oneDNN' if 'onednn' in steps else ''} ...")
+            f"kept in the user cache) against the eager one{''.join(others[c] for c in steps if c in others)} ...")
     start = time.perf_counter()
     compiled = measure(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
     seconds = time.perf_counter() - start
@@ -139,7 +145,8 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     best = min(steps, key=steps.get)
     choice = best if steps[best] < (1.0 - MARGIN) * eager_ms else "none"
     shape = f"k={k} L={length}" + (f" delay {delay}" if delay else "") if length else "autoregressive"
-    name = {"none": "eager", "onednn": "eager with oneDNN linears", mode: f"compiled ({mode})"}
+    name = {"none": "eager", "onednn": "eager with oneDNN linears", "int4": "eager on the GGUF's 4-bit blocks",
+            mode: f"compiled ({mode})"}
     why = (f"step {shape}: " + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in steps.items()) + "; T(1) "
            + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in t1.items())
            + f"; compiling and timing took {seconds:.0f} s")

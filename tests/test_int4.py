@@ -1,0 +1,230 @@
+"""``--compile int4`` (otm.decode.int4): the target's block layers on its GGUF's own 4-bit weights.
+
+* the blocks are read as GGML lays them out (both 4-bit formats), dequantised bit for bit as the GGUF reader
+  transformers loads with (``gguf.quants.dequantize``), and the query/key rows reordered as transformers does;
+* :class:`Int4Linear` computes the blocks' weights with bfloat16 group scales and zeros, to bfloat16 rounding, and
+  each row the same whether a call computes 1 or 9 rows (bit for bit): one run is one model;
+* on a tiny Llama whose weights are a tiny GGUF's, the swap fuses siblings, gives the dense bfloat16 model's
+  logits up to rounding, decodes, and undoes exactly; a target that is not the file's conversion (one weight
+  changed), a block format the kernel does not run, a float32 target and an unknown GGUF are refused in one line;
+* the bench's cost model times the swapped target and leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from otm.decode import int4
+from otm.laws import OtmError
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not int4.OP, reason="this torch has no 4-bit CPU GEMM")]
+
+
+def pack(q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> np.ndarray:
+    """GGML's bytes of Q4_1 blocks (Q4_0 when ``m`` is None): per block d (float16), m, then byte j = q[j] | q[j+16] << 4."""
+    n, k = q.shape
+    qb = q.reshape(n, k // 32, 32).astype(np.uint8)
+    nib = qb[..., :16] | (qb[..., 16:] << 4)
+    parts = [d.astype(np.float16)[..., None].view(np.uint8)]
+    if m is not None:
+        parts.append(m.astype(np.float16)[..., None].view(np.uint8))
+    return np.concatenate(parts + [nib], axis=-1).reshape(n, -1)
+
+
+def random_blocks(rng, n: int, k: int, kind: int):
+    q = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    d = (rng.uniform(0.002, 0.03, size=(n, k // 32)) * rng.choice([-1, 1], size=(n, k // 32))).astype(np.float16)
+    m = None if kind == int4.Q4_0 else rng.uniform(-0.2, 0.05, size=(n, k // 32)).astype(np.float16)
+    return q, d, m
+
+
+@pytest.mark.parametrize("kind", [int4.Q4_0, int4.Q4_1])
+def test_blocks_read_and_dequantised_as_ggufs_own_reader(kind):
+    import gguf
+
+    rng = np.random.default_rng(kind)
+    q, d, m = random_blocks(rng, 24, 96, kind)
+    raw = pack(q, d, m)
+    assert raw.shape == (24, 3 * int4.BLOCK_BYTES[kind])
+    q2, d2, m2 = int4.unpack(raw, kind)
+    assert np.array_equal(q2, q) and np.array_equal(d2, d)
+    assert np.array_equal(m2, np.zeros_like(d) if m is None else m)
+    reference = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(kind))  # transformers' GGUF loader uses this
+    assert np.array_equal(int4.dequantize(q2, d2, m2, kind), reference)
+    with pytest.raises(OtmError, match="whole blocks"):
+        int4.unpack(raw[:, :-1], kind)
+    with pytest.raises(OtmError, match="not a 4-bit block format"):
+        int4.unpack(raw, 8)  # Q8_0
+
+
+@pytest.mark.parametrize("n,heads", [(64, 2), (32, 1), (96, 3)])
+def test_query_and_key_rows_reordered_as_transformers_does(n, heads):
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    file_rows = np.arange(n, dtype=np.float32)[:, None]
+    want = LlamaTensorProcessor(config={})._reverse_permute_weights(file_rows, heads, heads)[:, 0]
+    assert np.array_equal(int4.rope_rows(n, heads), want.astype(np.int64))
+
+
+def test_the_kernel_computes_the_blocks_to_bfloat16_rounding_and_each_row_alike():
+    rng = np.random.default_rng(0)
+    q, d, m = random_blocks(rng, 160, 96, int4.Q4_1)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
+    sz = int4.scales_and_zeros(d, m, int4.Q4_1)
+    # the weights as computed: (q - 8) s + z with s, z the bfloat16 roundings of d and m + 8 d
+    s = sz[..., 0].double().t().repeat_interleave(32, 1)
+    z = sz[..., 1].double().t().repeat_interleave(32, 1)
+    w = (torch.from_numpy(q).double() - 8) * s + z
+    exact = torch.from_numpy(int4.dequantize(q, d, m, int4.Q4_1)).double()
+    assert (w - exact).abs().max() <= 2 ** -8 * exact.abs().max()  # the rounding of scales and zeros only
+    torch.manual_seed(0)
+    x = torch.randn(9, 96).bfloat16()
+    lin = torch.nn.Linear(96, 160, bias=False).bfloat16()
+    layer = int4.Int4Linear(lin, packed, sz, 0, int4._Last(), None)
+    with torch.inference_mode():
+        out = layer(x)
+        rows = [layer(x[i : i + 1].clone()) for i in range(9)]
+        firsts = [layer(x[:j].clone()) for j in range(1, 9)]
+    want = x.double() @ w.t()
+    assert out.dtype == torch.bfloat16
+    assert ((out.double() - want).abs() <= 2 ** -7 * want.abs() + 1e-2).all()
+    assert all(torch.equal(r, out[i : i + 1]) for i, r in enumerate(rows))  # one row alone = the same row in a call of 9
+    assert all(torch.equal(f, out[: j + 1]) for j, f in enumerate(firsts))
+
+
+def _tiny_target(tmp_path, *, kind: int = int4.Q4_1, seed: int = 0, tamper: bool = False, head_kind=None):
+    """A tiny bfloat16 Llama whose block weights are a tiny GGUF's 4-bit blocks, and that GGUF (written with gguf-py;
+    query and key rows stored in llama.cpp's order)."""
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).eval()
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for file_name, parent, name in int4.LLAMA:
+                lin = getattr(getattr(layer, parent), name)
+                n, k = lin.weight.shape
+                this = head_kind if (head_kind is not None and i == 1 and name == "down_proj") else kind
+                if this == 8:  # a Q8_0 tensor where the kernel wants 4 bits
+                    data = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+                    writer.add_tensor(f"blk.{i}.{file_name}.weight", gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                    continue
+                q, d, m = random_blocks(rng, n, k, this)
+                w = int4.dequantize(q, d, np.zeros_like(d) if m is None else m, this)
+                lin.weight.copy_(torch.from_numpy(w))
+                raw = pack(q, d, m)
+                if name in ("q_proj", "k_proj"):  # llama.cpp's order: HF row r is file row rope_rows[r]
+                    rows = int4.rope_rows(n, cfg.num_attention_heads if name == "q_proj" else cfg.num_key_value_heads)
+                    stored = np.empty_like(raw)
+                    stored[rows] = raw
+                    raw = stored
+                writer.add_tensor(f"blk.{i}.{file_name}.weight", raw, raw_dtype=gguf.GGMLQuantizationType(this))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model = model.to(torch.bfloat16)
+    if tamper:
+        with torch.no_grad():
+            model.model.layers[1].mlp.up_proj.weight[3, 5] += 0.25
+    model.otm_gguf = path
+    return model, path
+
+
+def test_a_tiny_target_on_its_gguf_blocks_decodes_and_undoes(tmp_path):
+    from otm.decode import speculative_decode
+    from otm.decode.sampling import Sampling
+
+    model, _ = _tiny_target(tmp_path)
+    ids = torch.tensor([[3, 9, 27, 1, 44, 5]])
+    with torch.inference_mode():
+        dense = model(ids).logits
+    assert int4.available(model)
+    undo = int4.use_int4(model)
+    assert undo.count == 14 and sum(isinstance(m, int4.Int4Linear) for m in model.modules()) == 14
+    fused = model.model.layers[0].self_attn
+    assert fused.q_proj.packed is fused.k_proj.packed is fused.v_proj.packed  # one GEMM for the three
+    assert int4.use_int4(model).count == 0  # not swapped twice
+    with torch.inference_mode():
+        swapped = model(ids).logits
+        gen = speculative_decode(model, model, [3, 9, 27], k=2, length=2, max_new_tokens=12, seed=0,
+                                 sampling=Sampling(temperature=1.0))
+    assert len(gen.tokens) == 12
+    # the same Q4_1 model: bfloat16 weights against bfloat16 group scales, to bfloat16 rounding of the logits
+    assert (swapped.float() - dense.float()).abs().max() <= 0.05 * dense.float().abs().max()
+    assert not torch.equal(swapped, dense)  # the swap is in effect
+    undo()
+    assert not any(isinstance(m, int4.Int4Linear) for m in model.modules())
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, dense)
+
+
+def test_targets_that_are_not_the_files_conversion_are_refused(tmp_path):
+    tampered, _ = _tiny_target(tmp_path, tamper=True)
+    with pytest.raises(OtmError, match=r"--compile int4: the target's layer 1 up_proj is not tiny.gguf's blk.1.ffn_up.weight"):
+        int4.use_int4(tampered)
+    assert not any(isinstance(m, int4.Int4Linear) for m in tampered.modules())  # nothing half-swapped
+    (tmp_path / "b").mkdir()
+    q8, _ = _tiny_target(tmp_path / "b", head_kind=8)
+    with pytest.raises(OtmError, match="blk.1.ffn_down.weight is Q8_0; the 4-bit kernel runs Q4_0 and Q4_1 blocks only"):
+        int4.use_int4(q8)
+    (tmp_path / "c").mkdir()
+    f32, _ = _tiny_target(tmp_path / "c")
+    f32 = f32.float()
+    assert not int4.available(f32)
+    with pytest.raises(OtmError, match="runs a bfloat16 target on the CPU"):
+        int4.use_int4(f32)
+    (tmp_path / "d").mkdir()
+    unknown, _ = _tiny_target(tmp_path / "d")
+    del unknown.otm_gguf
+    assert not int4.available(unknown)
+    with pytest.raises(OtmError, match="has none that otm knows"):
+        int4.use_int4(unknown)
+    from otm.decode.onednn import for_choice
+
+    with pytest.raises(OtmError, match="--compile int4"):
+        for_choice("int4", unknown, None)
+
+
+@pytest.mark.parametrize("kind", [int4.Q4_0, int4.Q4_1])
+def test_both_block_formats_swap(tmp_path, kind):
+    model, _ = _tiny_target(tmp_path, kind=kind)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        dense = model(ids).logits.float()
+        assert int4.use_int4(model).count == 14
+        swapped = model(ids).logits.float()
+    assert (swapped - dense).abs().max() <= 0.05 * dense.abs().max()
+
+
+def test_measure_costs_on_int4_times_the_swapped_target_and_leaves_it(tmp_path):
+    from otm.decode.bench import measure_costs
+
+    model, _ = _tiny_target(tmp_path)
+    costs = measure_costs(model, None, [1, 2, 3, 4], [1, 3], [], repeats=1, compile="int4")
+    assert set(costs.target_ms) == {1, 3}
+    assert not any(isinstance(m, int4.Int4Linear) for m in model.modules())
+
+
+def test_the_embedded_target_is_known_by_its_cache_directory(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from otm.decode import embedded
+
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path))
+    monkeypatch.setattr(embedded, "target_gguf", lambda: tmp_path / "x.gguf")
+    model = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(tmp_path / embedded.TARGET_CACHE_NAME)))
+    assert int4.gguf_source(model) == tmp_path / "x.gguf"
+    other = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(tmp_path / "my-model")))
+    assert int4.gguf_source(other) is None
