@@ -341,7 +341,7 @@ def _demo_decode(args) -> int:
     g = DEMO_GRID
     print("otm demo, part 2: SpecTr decoding with the embedded models (SmolLM2-135M-Instruct target, feature")
     print(f"draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens), every contender in {dtype}, one thread.")
-    print(f"The machine picks the tree: k in {g['ks']}, L in {g['lengths']}, K-SEQ, from T(n), d(b) and the acceptance")
+    print(f"The machine picks the tree (k in {g['ks']}, L in {g['lengths']}, K-SEQ) and how the step runs, from T(n), d(b) and the acceptance")
     print("by depth measured here; then autoregressive vs k = 1 (speculative sampling) vs the chosen tree\n")
     print("loading the models (the first run converts the GGUF target into the user cache, ~30 s) ...", flush=True)
     if not sys.stderr.isatty():  # transformers' own bars redraw with carriage returns: in a log, one garbled line
@@ -361,10 +361,17 @@ def _demo_decode(args) -> int:
                         out=print)
         print(picked.line, flush=True)
         compile = picked.choice
+    from .decode.onednn import eager_steps
+    from .decode.steps import EAGER
+
+    # an eager step chosen: the plan compares every eager step here (torch's GEMM, oneDNN's, the GGUF's 4-bit
+    # blocks) with the tree, by predicted tokens/s (otm.decode.auto)
+    steps = eager_steps(target) if args.compile == "auto" and compile in EAGER else [compile]
     print("measuring the costs and the acceptance by depth ...", flush=True)
     chosen = plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"], sampling=sampling,
-                  compile=compile)
+                  compiles=steps)
     print(chosen.line(), flush=True)
+    compile = chosen.compile
     best = chosen.best
     if best is None:
         print("\nNo tree is predicted to beat autoregressive sampling on this machine: decode autoregressively here "

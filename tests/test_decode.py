@@ -612,6 +612,36 @@ def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(
     assert len(err.splitlines()) == 1 and "-k: must be a whole number or auto" in err
 
 
+def test_auto_plan_compares_steps_by_predicted_tokens_per_second():
+    """``compiles``: every (step, k, L) ranked by predicted tokens/s. A step with a faster T(1) but dearer trees
+    (the GGUF's 4-bit blocks on the embedded target) wins when its best tree is faster in tokens/s though its
+    ratio to its own autoregressive row is lower; where autoregressive sampling on it beats every tree, the plan
+    says so and names that step to run."""
+    from otm.decode.auto import plan
+    from otm.decode.bench import Costs
+
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    flat = Costs({1: 20.0, 2: 20.0, 3: 20.0}, {1: 0.5}, 8)  # trees free, T(1) 20 ms
+    steep = Costs({1: 10.0, 2: 10.6, 3: 11.2}, {1: 0.3}, 8)  # T(1) 10 ms, each position 0.6 ms more
+    p = plan(target, draft, [2, 3, 4], ks=(1,), lengths=(1, 2), costs={"onednn": flat, "int4": steep},
+             compiles=["onednn", "int4"], warmup_tokens=16)
+    assert len(p.candidates) == 4 and {c.compile for c in p.candidates} == {"onednn", "int4"}
+    assert [c.tokens_per_second for c in p.candidates] == sorted((c.tokens_per_second for c in p.candidates), reverse=True)
+    for c in p.candidates:
+        costs = flat if c.compile == "onednn" else steep
+        assert c.tokens_per_second == pytest.approx(1000.0 * c.block_efficiency / (costs.step_ms(1, c.length) + c.between_ms))
+        assert c.speedup == pytest.approx(c.tokens_per_second / p.ar_tokens_per_second[c.compile])
+    assert p.best is not None and p.best.compile == "int4" == p.compile
+    best_flat = max(c.speedup for c in p.candidates if c.compile == "onednn")
+    assert p.best.speedup < best_flat  # the fastest decode is not the largest ratio
+    assert "on the GGUF's 4-bit blocks" in p.line() and "autoregressive" in p.line()
+    dear = Costs({1: 10.0, 2: 40.0, 3: 60.0}, {1: 5.0}, 8)  # autoregressive on this step beats every tree anywhere
+    q = plan(target, draft, [2, 3, 4], ks=(1,), lengths=(1, 2), costs={"onednn": flat, "int4": dear},
+             compiles=["onednn", "int4"], warmup_tokens=16)
+    assert q.best is None and q.compile == "int4"
+    assert "no configuration tried is predicted to beat" in q.line() and q.line().endswith("(on the GGUF's 4-bit blocks)")
+
+
 def test_auto_plan_counts_the_verifiers_own_time():
     """A verifier that takes 20 ms a call (planted: the same rule, slowed) gets those milliseconds in its
     steps' time between the calls, and a lower predicted speed-up than the same rule at full speed."""

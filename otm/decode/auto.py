@@ -18,6 +18,13 @@ sampling's :math:`1000 / (T(1) + W_0)`, :math:`W_0` its own time between calls (
 measured in the same way;
 the best configuration is chosen, or none where no configuration is predicted to beat autoregressive
 sampling on this machine, which :func:`DecodePlan.line` then says with the numbers.
+
+How the step runs can be decided with the tree (``compiles``: several choices of ``--compile`` that keep the
+eager step, e.g. ``none``, ``onednn``, ``int4``): the costs are measured with each, the acceptance and the time
+between the calls once (they do not depend on the GEMM), and every (step, verifier, k, L) is ranked by its
+predicted tokens/s, autoregressive sampling on each step among them. A faster target call raises every row, the
+baseline's too, so the fastest decode need not show the largest ratio: on the embedded target the GGUF's 4-bit
+blocks cut T(1) by a third and leave the draft's calls as they were (``docs/decode.md``).
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ class Candidate:
     length: int
     block_efficiency: float  # B(L), predicted from the warm-up's acceptance by depth
     step_ms: float  # S, from the measured costs and the warm-up's time between the calls
-    speedup: float  # predicted tokens/s over autoregressive sampling's
+    speedup: float  # predicted tokens/s over autoregressive sampling's on the same step
     between_ms: float = 0.0  # W(L): of S, the time between the calls (walk, rollback, bookkeeping)
+    compile: str = "none"  # the step it runs on (a choice of --compile)
+    tokens_per_second: float = 0.0  # predicted: 1000 B / S
 
 
 @dataclass
@@ -48,23 +57,51 @@ class DecodePlan:
     acceptance: dict = field(default_factory=dict)  # (verifier, k) -> [a_1, ..., a_L]
     warmup_tokens: int = 0
     ar_between_ms: float = 0.0  # autoregressive sampling's time between its calls, per token
+    ar_tokens_per_second: dict = field(default_factory=dict)  # step -> autoregressive sampling's predicted tokens/s
+    t1_by_step: dict = field(default_factory=dict)  # step -> T(1) ms
 
     @property
     def best(self) -> Candidate | None:
-        """The fastest candidate, or None when none is predicted to beat autoregressive sampling."""
+        """The fastest candidate, or None when none is predicted to beat autoregressive sampling (on any step)."""
         top = self.candidates[0] if self.candidates else None
-        return top if top is not None and top.speedup > 1.0 else None
+        if top is None:
+            return None
+        if self.ar_tokens_per_second:
+            return top if top.tokens_per_second > max(self.ar_tokens_per_second.values()) else None
+        return top if top.speedup > 1.0 else None
+
+    @property
+    def compile(self) -> str:
+        """The step to run: the best candidate's, else the one autoregressive sampling is fastest on."""
+        if self.best is not None:
+            return self.best.compile
+        if self.ar_tokens_per_second:
+            return max(self.ar_tokens_per_second, key=self.ar_tokens_per_second.get)
+        return self.candidates[0].compile if self.candidates else "none"
 
     def line(self) -> str:
         """One line: the choice and why, or that autoregressive sampling is faster here, with the numbers."""
         top = self.candidates[0]
+        t1 = self.t1_by_step.get(top.compile, self.t1_ms)
         why = (f"B {top.block_efficiency:.2f} tokens per step of {top.step_ms:.1f} ms ({top.between_ms:.1f} ms of it between "
-               f"the calls) against T(1) {self.t1_ms:.1f} ms + {self.ar_between_ms:.1f} ms; "
+               f"the calls) against T(1) {t1:.1f} ms + {self.ar_between_ms:.1f} ms; "
                f"acceptance by depth and time between the calls measured on 2 x {self.warmup_tokens} warm-up tokens per configuration")
+        steps = ""
+        if len(self.ar_tokens_per_second) > 1:  # several steps compared: say which, and each one's baseline
+            steps = (f", on {STEP_NAMES.get(top.compile, top.compile)}, {top.tokens_per_second:.0f} tokens/s; "
+                     "autoregressive " + ", ".join(f"{v:.0f} tokens/s on {STEP_NAMES.get(m, m)}"
+                                                    for m, v in self.ar_tokens_per_second.items()))
         if self.best is None:
+            where = (f" (on {STEP_NAMES.get(self.compile, self.compile)})" if len(self.ar_tokens_per_second) > 1 else "")
             return (f"auto: no configuration tried is predicted to beat autoregressive sampling on this machine (best "
-                    f"{top.verifier} k={top.k} L={top.length}: {top.speedup:.2f}x; {why}): decoding autoregressively")
-        return f"auto: {top.verifier} k={top.k} L={top.length}, predicted {top.speedup:.2f}x autoregressive ({why})"
+                    f"{top.verifier} k={top.k} L={top.length}: {top.speedup:.2f}x{steps}; {why}): decoding "
+                    f"autoregressively{where}")
+        return (f"auto: {top.verifier} k={top.k} L={top.length}, predicted {top.speedup:.2f}x autoregressive"
+                f"{' on the same step' if steps else ''}{steps} ({why})")
+
+
+STEP_NAMES = {"none": "the eager step", "onednn": "oneDNN's linears", "int4": "the GGUF's 4-bit blocks"}
+"""How :meth:`DecodePlan.line` names a step it compared."""
 
 
 def block_efficiency(acceptance: list[float], length: int) -> float:
@@ -83,10 +120,13 @@ def levels_verified(acceptance: list[float], length: int) -> float:
 
 
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
-         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none") -> DecodePlan:
+         sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none",
+         compiles=None) -> DecodePlan:
     """Measure and rank every (verifier, k, L) of the grid (module docstring); ``ids`` the warm-up prompt.
-    ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse (else measured here, with the step
-    ``compile`` gives: a choice of :data:`otm.decode.cli.COMPILE_CHOICES`)."""
+    ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse, or a dict step -> Costs (else measured here,
+    with the step ``compile`` gives: a choice of :data:`otm.decode.cli.COMPILE_CHOICES`). ``compiles``: several
+    steps to compare (module docstring); the models must not be swapped yet (each is timed swapped, then
+    put back), and :attr:`DecodePlan.compile` names the one to run."""
     from .bench import measure_costs
     from .decoder import autoregressive_decode, speculative_decode
 
@@ -110,21 +150,27 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
     ar = [autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=warmup_tokens, seed=seed + r).stats
           for r in range(2)][1]
     ar_between = max(0.0, 1000.0 * (ar.wall_seconds - ar.target_seconds) / max(ar.steps, 1))
-    if costs is None:
-        context = list(ids)
-        costs = measure_costs(target, draft, context, [1] + [1 + k * L for k in ks for L in lengths], [1] + ks,
-                              sampling=sampling, repeats=3, compile=compile)
-    t1 = costs.target(1)
-    candidates = []
-    for (verifier, k), acc in acceptance.items():
-        deep = levels_verified(acc, deepest)
-        for L in lengths:
-            B = block_efficiency(acc, L)
-            w = between[(verifier, k)] * (levels_verified(acc, L) / deep if deep > 0 else 1.0)
-            step = costs.step_ms(k, L) + w
-            candidates.append(Candidate(verifier, scheme, k, L, B, step, (B / step) * (t1 + ar_between), w))
-    candidates.sort(key=lambda c: -c.speedup)
-    return DecodePlan(candidates, t1, acceptance, warmup_tokens, ar_between)
+    modes = list(dict.fromkeys(compiles)) if compiles else [compile]
+    given = costs if isinstance(costs, dict) else {} if costs is None else {modes[0]: costs}
+    candidates, ar_rates, t1s = [], {}, {}
+    for mode in modes:
+        measured = given.get(mode)
+        if measured is None:
+            measured = measure_costs(target, draft, list(ids), [1] + [1 + k * L for k in ks for L in lengths],
+                                     [1] + ks, sampling=sampling, repeats=3, compile=mode)
+        t1 = t1s[mode] = measured.target(1)
+        ar_rates[mode] = 1000.0 / (t1 + ar_between)
+        for (verifier, k), acc in acceptance.items():
+            deep = levels_verified(acc, deepest)
+            for L in lengths:
+                B = block_efficiency(acc, L)
+                w = between[(verifier, k)] * (levels_verified(acc, L) / deep if deep > 0 else 1.0)
+                step = measured.step_ms(k, L) + w
+                candidates.append(Candidate(verifier, scheme, k, L, B, step, (B / step) * (t1 + ar_between), w,
+                                            mode, 1000.0 * B / step))
+    candidates.sort(key=lambda c: -c.tokens_per_second)
+    top = candidates[0].compile if candidates else modes[0]
+    return DecodePlan(candidates, t1s[top], acceptance, warmup_tokens, ar_between, ar_rates, t1s)
 
 
-__all__ = ["Candidate", "DecodePlan", "block_efficiency", "levels_verified", "plan"]
+__all__ = ["Candidate", "DecodePlan", "STEP_NAMES", "block_efficiency", "levels_verified", "plan"]

@@ -307,10 +307,26 @@ def cmd_decode(args) -> int:
     _warn_refuted([] if args.autoregressive else [args.verifier])
     target, draft, tokenizer = _load(args)
     ids = tokenizer(args.prompt)["input_ids"] if args.raw else encode_prompt(tokenizer, args.prompt)
-    if args.compile in (None, "auto"):
+    decided = args.compile in (None, "auto")
+    if decided:
         args.compile = _choose_compile(args, target, draft, ids, sampling)
-    from .onednn import for_choice
+    from .onednn import eager_steps, for_choice
+    from .steps import EAGER
 
+    eos = tokenizer.eos_token_id
+    if auto:  # the tree, and (an eager step decided by the machine) how the step runs, by predicted tokens/s
+        from .auto import plan
+
+        steps = eager_steps(target) if decided and args.compile in EAGER else [args.compile]
+        chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
+                      lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
+                      scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps)
+        print(chosen.line(), file=sys.stderr, flush=True)
+        best = chosen.best
+        args.autoregressive = best is None
+        if best is not None:
+            args.k, args.length = best.k, best.length
+        args.compile = chosen.compile
     for_choice(args.compile, target, draft)  # onednn, int4: the models' layers swapped for the run
     import json
     import time
@@ -341,18 +357,6 @@ def cmd_decode(args) -> int:
             view.status(f"{len(tokens)}/{args.max_new_tokens} tokens, {len(tokens) / steps[0]:.2f} per target call, "
                         f"{rate:.1f} tokens/s")
 
-    eos = tokenizer.eos_token_id
-    if auto:
-        from .auto import plan
-
-        chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
-                      lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
-                      scheme=scheme, sampling=sampling, seed=args.seed, compile=args.compile)
-        print(chosen.line(), file=sys.stderr, flush=True)
-        best = chosen.best
-        args.autoregressive = best is None
-        if best is not None:
-            args.k, args.length = best.k, best.length
     if args.autoregressive:
         g = autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
                                   eos_token_id=eos, seed=args.seed, on_tokens=stream, **compile_options(args.compile))

@@ -266,4 +266,13 @@ def for_choice(choice: str, *models, require: bool = True):
     return undo
 
 
-__all__ = ["FusedLinear", "OneDnnLinear", "SIBLINGS", "available", "for_choice", "use_onednn"]
+def eager_steps(target) -> list[str]:
+    """The choices of ``--compile`` with the eager step that can run ``target`` here: ``none``, ``onednn`` where
+    :func:`available`, ``int4`` where :func:`otm.decode.int4.available` (the plan compares them:
+    :func:`otm.decode.auto.plan`, ``compiles``)."""
+    from .int4 import available as int4_available
+
+    return ["none"] + (["onednn"] if available(target) else []) + (["int4"] if int4_available(target) else [])
+
+
+__all__ = ["FusedLinear", "OneDnnLinear", "SIBLINGS", "available", "eager_steps", "for_choice", "use_onednn"]
