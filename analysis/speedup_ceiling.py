@@ -68,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts of the lab (default 8)")
     ap.add_argument("--tokens", type=int, default=48, help="target-sampled tokens per prompt (default 48)")
-    ap.add_argument("--compile", default="onednn", choices=["none", "onednn"], help="the step's GEMM (default onednn)")
+    ap.add_argument("--compile", default="onednn", choices=["none", "onednn", "int4"], help="the step's GEMM (default onednn; int4: the GGUF's 4-bit blocks)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).parent / "lab"))

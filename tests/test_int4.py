@@ -5,8 +5,9 @@
 * :class:`Int4Linear` computes the blocks' weights with bfloat16 group scales and zeros, to bfloat16 rounding, and
   each row the same whether a call computes 1 or 9 rows (bit for bit): one run is one model;
 * on a tiny Llama whose weights are a tiny GGUF's, the swap fuses siblings, gives the dense bfloat16 model's
-  logits up to rounding, decodes, and undoes exactly; a target that is not the file's conversion (one weight
-  changed), a block format the kernel does not run, a float32 target and an unknown GGUF are refused in one line;
+  logits up to rounding, decodes, and undoes exactly; a float32 target keeps float32 around the kernel; a target
+  that is not the file's conversion (one weight changed), a block format the kernel does not run, a float64
+  target and an unknown GGUF are refused in one line;
 * the bench's cost model times the swapped target and leaves it as it was.
 """
 
@@ -95,7 +96,8 @@ def test_the_kernel_computes_the_blocks_to_bfloat16_rounding_and_each_row_alike(
     assert all(torch.equal(f, out[: j + 1]) for j, f in enumerate(firsts))
 
 
-def _tiny_target(tmp_path, *, kind: int = int4.Q4_1, seed: int = 0, tamper: bool = False, head_kind=None):
+def _tiny_target(tmp_path, *, kind: int = int4.Q4_1, seed: int = 0, tamper: bool = False, head_kind=None,
+                 dtype=torch.bfloat16):
     """A tiny bfloat16 Llama whose block weights are a tiny GGUF's 4-bit blocks, and that GGUF (written with gguf-py;
     query and key rows stored in llama.cpp's order)."""
     import gguf
@@ -134,7 +136,7 @@ def _tiny_target(tmp_path, *, kind: int = int4.Q4_1, seed: int = 0, tamper: bool
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    model = model.to(torch.bfloat16)
+    model = model.to(dtype)
     if tamper:
         with torch.no_grad():
             model.model.layers[1].mlp.up_proj.weight[3, 5] += 0.25
@@ -180,11 +182,11 @@ def test_targets_that_are_not_the_files_conversion_are_refused(tmp_path):
     with pytest.raises(OtmError, match="blk.1.ffn_down.weight is Q8_0; the 4-bit kernel runs Q4_0 and Q4_1 blocks only"):
         int4.use_int4(q8)
     (tmp_path / "c").mkdir()
-    f32, _ = _tiny_target(tmp_path / "c")
-    f32 = f32.float()
-    assert not int4.available(f32)
-    with pytest.raises(OtmError, match="runs a bfloat16 target on the CPU"):
-        int4.use_int4(f32)
+    f64, _ = _tiny_target(tmp_path / "c")
+    f64 = f64.double()
+    assert not int4.available(f64)
+    with pytest.raises(OtmError, match="runs a bfloat16 or float32 target on the CPU, this one is float64"):
+        int4.use_int4(f64)
     (tmp_path / "d").mkdir()
     unknown, _ = _tiny_target(tmp_path / "d")
     del unknown.otm_gguf
@@ -195,6 +197,25 @@ def test_targets_that_are_not_the_files_conversion_are_refused(tmp_path):
 
     with pytest.raises(OtmError, match="--compile int4"):
         for_choice("int4", unknown, None)
+
+
+def test_a_float32_target_keeps_float32_around_the_kernel(tmp_path):
+    """A float32 target (the CPU without native bfloat16 decodes in float32): its block layers round their inputs to
+    bfloat16 for the kernel and return float32; everything else stays float32."""
+    model, _ = _tiny_target(tmp_path, dtype=torch.float32)
+    (tmp_path / "r").mkdir()
+    rounded, _ = _tiny_target(tmp_path / "r")  # the same weights through bfloat16: not the file's any more
+    with pytest.raises(OtmError, match="differ by up to"):
+        int4.use_int4(rounded.float())
+    ids = torch.tensor([[3, 9, 27, 1, 44, 5]])
+    with torch.inference_mode():
+        dense = model(ids).logits
+        assert int4.available(model) and int4.use_int4(model).count == 14
+        swapped = model(ids).logits
+        out = model.model.layers[0].mlp.down_proj(torch.randn(1, 2, 128))
+    assert swapped.dtype == torch.float32 == out.dtype and model.model.norm.weight.dtype == torch.float32
+    assert not torch.equal(swapped, dense)
+    assert (swapped - dense).abs().max() <= 0.05 * dense.abs().max()
 
 
 @pytest.mark.parametrize("kind", [int4.Q4_0, int4.Q4_1])

@@ -465,7 +465,7 @@ def step_line(compile: str) -> str:
                 "and RMSNorms fused (no compilation), for every row, transformers' included")
     if compile == "int4":
         return ("eager step, the target's block layers on its GGUF's own 4-bit weights (torch's int4 CPU GEMM; group "
-                "scales and zeros in bfloat16), every other linear layer on oneDNN's prepacked GEMM, siblings and "
+                "scales, zeros and the layers' inputs in bfloat16), every other linear layer on oneDNN's prepacked GEMM, siblings and "
                 "RMSNorms fused (no compilation), for every row, transformers' included")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"

@@ -124,7 +124,7 @@ def _common(p) -> None:
                         "here, decided once per machine and model and kept in the user cache; none: the eager step; "
                         "onednn: the eager step with the linear layers on oneDNN's prepacked GEMM (CPU, float32 or bfloat16); "
                         "int4: as onednn, the target's block layers on its GGUF's own 4-bit weights (the embedded "
-                        "target in bfloat16); "
+                        "target); "
                         "static: the static shapes, eager kernels; a torch.compile mode: the static-shape step "
                         "compiled in that mode, once per shape)")
 

@@ -8,13 +8,15 @@ On a CPU a decoder call on a few positions is bound by reading the weights, so t
 the file's own blocks instead: torch's 4-bit CPU GEMM (``torch.ops.aten._weight_int4pack_mm_for_cpu``, the
 weight-only int4 kernel of torchao and gpt-fast), each group of 32 weights computed as ``(q - 8) s + z`` with
 ``s = d``, ``z = m + 8 d`` (for Q4_0, ``w = d (q - 8)``: ``z = 0``). Activations, scales and zeros are bfloat16
-(the kernel's fast path; float32 and float16 take a slow generic path, 40x slower here), the sums float32.
+(the kernel's fast path; float32 and float16 take a slow generic path, 40x slower here), the sums float32; a
+float32 target's layers round their inputs to bfloat16 for the kernel and return float32, the rest of the model
+staying float32 (the CPUs without native bfloat16 decode in float32).
 
 What the model then is. The weights the kernel computes with are the GGUF's, except that each group's scale
 and zero are rounded to bfloat16; the bfloat16 model of ``--dtype bfloat16`` rounds each *weight* to bfloat16
 instead. Both are the same Q4_1 model up to bfloat16 rounding: on the embedded target the laws of either lie
-0.018-0.020 in total variation from the float32 copy's (mean over 360 sampled positions; ``docs/decode.md``,
-"The GGUF's own weights"). The decoder's laws are the model's as run, whichever of them runs, so exactness is
+0.018-0.020 in total variation from the float32 copy's (mean over 360 sampled positions), and 0.009 for a float32
+target on the blocks (``docs/decode.md``, "The GGUF's own weights"). The decoder's laws are the model's as run, whichever of them runs, so exactness is
 untouched; a row's result does not depend on how many positions a call computes (the kernel computes each row
 alike, checked bit for bit in ``tests/test_int4.py``), so one run is one model.
 
@@ -60,6 +62,10 @@ LLAMA = (("attn_q", "self_attn", "q_proj"), ("attn_k", "self_attn", "k_proj"), (
 ``model.layers[i]``."""
 
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+DTYPES = (torch.bfloat16, torch.float32)
+"""Target dtypes swapped. The kernel's fast path takes bfloat16 activations: a float32 target's layers round their
+inputs to bfloat16 for it and return float32 (the rest of the model stays float32)."""
 """Sibling projections computed as one GEMM (the order the modules' forwards call them)."""
 
 
@@ -181,14 +187,14 @@ def gguf_source(model) -> Path | None:
 
 
 def available(model) -> bool:
-    """Whether ``--compile int4`` can run ``model``: this torch has the kernel, the model is a bfloat16 llama
-    on the CPU, not spread by accelerate, and its GGUF is known (:func:`gguf_source`). Whether the weights
+    """Whether ``--compile int4`` can run ``model``: this torch has the kernel, the model is a bfloat16 or
+    float32 llama on the CPU, not spread by accelerate, and its GGUF is known (:func:`gguf_source`). Whether the weights
     match the file is checked when they are swapped (:func:`use_int4`)."""
     try:
         p = next(model.parameters())
     except (AttributeError, StopIteration, TypeError):
         return False
-    return (OP and p.device.type == "cpu" and p.dtype == torch.bfloat16 and not getattr(model, "hf_device_map", None)
+    return (OP and p.device.type == "cpu" and p.dtype in DTYPES and not getattr(model, "hf_device_map", None)
             and getattr(getattr(model, "config", None), "model_type", None) == "llama" and gguf_source(model) is not None)
 
 
@@ -200,7 +206,7 @@ def use_int4(target, gguf: str | Path | None = None):
     """Swap the linear layers of ``target``'s blocks for :class:`Int4Linear` on the blocks of ``gguf`` (default:
     :func:`gguf_source`), after checking that every one of them is the target's weight (module docstring);
     returns ``undo()``, with ``undo.count`` the modules swapped (0 when ``target`` was already swapped). Refuses
-    in one line (``OtmError``) a target that is not a bfloat16 llama on the CPU, a torch without the kernel, a
+    in one line (``OtmError``) a target that is not a bfloat16 or float32 llama on the CPU, a torch without the kernel, a
     GGUF that is not 4-bit or not the target's."""
     def nothing() -> None:
         pass
@@ -216,9 +222,9 @@ def use_int4(target, gguf: str | Path | None = None):
     if layers is None or getattr(config, "model_type", None) != "llama":
         raise _refuse("runs llama-architecture targets (the embedded SmolLM2): use --compile onednn or auto")
     p = next(target.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.bfloat16:
-        raise _refuse(f"runs a bfloat16 target on the CPU (the kernel's fast path), this one is {str(p.dtype)[6:]} on "
-                      f"{p.device.type}: use --dtype bfloat16 (where the CPU computes it) or --compile onednn")
+    if p.device.type != "cpu" or p.dtype not in DTYPES:
+        raise _refuse(f"runs a bfloat16 or float32 target on the CPU, this one is {str(p.dtype)[6:]} on "
+                      f"{p.device.type}: use --dtype bfloat16 or float32, or --compile onednn")
     path = Path(gguf) if gguf is not None else gguf_source(target)
     if path is None:
         raise _refuse("runs the weights of the GGUF the target was converted from, and this target has none that otm "

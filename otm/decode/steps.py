@@ -3,9 +3,9 @@
 ``none``: the eager step (:class:`otm.decode.runner.Runner`, transformers' growing caches); ``static``:
 the static-shape step with eager kernels; ``onednn``: the eager step with the models' linear layers on
 oneDNN's prepacked GEMM (:mod:`otm.decode.onednn`; CPU, float32 or bfloat16); ``int4``: as ``onednn``, the target's
-block layers on its GGUF's own 4-bit weights (:mod:`otm.decode.int4`; the embedded target, bfloat16); a ``torch.compile`` mode: the static-shape
-step compiled (:mod:`otm.decode.static`); ``auto``: whichever of these the cost model measures fastest on this
-machine (:mod:`otm.decode.compile_choice`), resolved before the run.
+block layers on its GGUF's own 4-bit weights (:mod:`otm.decode.int4`; the embedded target, bfloat16 or float32); a
+``torch.compile`` mode: the static-shape step compiled (:mod:`otm.decode.static`); ``auto``: whichever of these
+the cost model measures fastest on this machine (:mod:`otm.decode.compile_choice`), resolved before the run.
 """
 
 from __future__ import annotations
