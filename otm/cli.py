@@ -353,17 +353,18 @@ def _demo_decode(args) -> int:
     sampling = Sampling()
     ids = encode_prompt(tokenizer, PROMPTS[0])
     compile = args.compile
+    from .decode.onednn import eager_steps
+    from .decode.steps import EAGER
+
     if compile == "auto":
         from .decode.compile_choice import choose
 
         picked = choose(target, draft, ids, measure=measure_costs, k=max(g["ks"]), length=max(g["lengths"]), sampling=sampling,
                         new_tokens=3 * args.prompts * args.max_new_tokens, capacity=len(ids) + args.max_new_tokens,
                         out=print)
-        print(picked.line, flush=True)
+        print(picked.line + ("; the plan then weighs every eager step with the tree" if picked.choice in EAGER else ""),
+              flush=True)
         compile = picked.choice
-    from .decode.onednn import eager_steps
-    from .decode.steps import EAGER
-
     # an eager step chosen: the plan compares every eager step here (torch's GEMM, oneDNN's, the GGUF's 4-bit
     # blocks) with the tree, by predicted tokens/s (otm.decode.auto)
     steps = eager_steps(target) if args.compile == "auto" and compile in EAGER else [compile]

@@ -279,7 +279,10 @@ def _choose_compile(args, target, draft, ids, sampling) -> str:
     picked = choose(target, draft, list(ids), measure=measure_costs, k=k if length else 1, length=length, delay=args.delay or 0,
                     sampling=sampling, new_tokens=args.max_new_tokens, capacity=len(ids) + args.max_new_tokens, out=say)
     if picked.measured or args.compile == "auto":
-        say(picked.line)
+        from .steps import EAGER
+
+        planned = not args.autoregressive and "auto" in (args.k, args.length) and picked.choice in EAGER
+        say(picked.line + ("; the plan then weighs every eager step with the tree" if planned else ""))
     return picked.choice
 
 
