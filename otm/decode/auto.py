@@ -157,7 +157,7 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
         measured = given.get(mode)
         if measured is None:
             measured = measure_costs(target, draft, list(ids), [1] + [1 + k * L for k in ks for L in lengths],
-                                     [1] + ks, sampling=sampling, repeats=3, compile=mode)
+                                     [1] + ks, sampling=sampling, repeats=5, compile=mode)
         t1 = t1s[mode] = measured.target(1)
         ar_rates[mode] = 1000.0 / (t1 + ar_between)
         for (verifier, k), acc in acceptance.items():
