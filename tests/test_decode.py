@@ -665,3 +665,23 @@ def test_auto_plan_counts_the_verifiers_own_time():
     by = lambda p, L: next(c for c in p.candidates if c.length == L)
     for L in (1, 2):
         assert by(fast, L).between_ms < 10.0 < by(slow, L).between_ms and by(slow, L).speedup < by(fast, L).speedup
+
+
+def test_keep_path_moves_the_path_down_and_leaves_a_path_in_place_as_it_is():
+    """Runner.keep_path: a path already right after the kept length (a chain's accepted prefix, every k = 1 step)
+    is kept without a copy; one further on is copied down; either way the cache holds the context and then the
+    path's keys and values, in order."""
+    from otm.decode.runner import Runner
+
+    model = tiny_llama(5, V=8)
+    with torch.inference_mode():
+        for path in ([4, 5], [5, 7], [4, 6, 7], []):
+            r = Runner(model, "target")
+            r.feed([1, 2, 3, 4, 5, 6, 7, 0])  # 8 positions
+            keys = [layer.keys.clone() for layer in r.cache.layers]
+            values = [layer.values.clone() for layer in r.cache.layers]
+            r.keep_path(4, path)
+            assert r.length() == 4 + len(path)
+            want = list(range(4)) + path
+            for layer, k0, v0 in zip(r.cache.layers, keys, values):
+                assert torch.equal(layer.keys, k0[..., want, :]) and torch.equal(layer.values, v0[..., want, :])

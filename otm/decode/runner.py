@@ -91,7 +91,7 @@ class Runner:
                 f"the {self.role} cache ({type(self.cache).__name__}) cannot keep arbitrary positions: "
                 "use target_rollback='refeed'"
             )
-        if path:
+        if path and path != list(range(length, length + len(path))):  # in place already (a chain's prefix): no copy
             src = torch.tensor(path, dtype=torch.int64, device=self.device)  # [m]
             dst = slice(length, length + len(path))
             for layer in layers:
