@@ -260,10 +260,11 @@ def use_int4(target, gguf: str | Path | None = None):
                 kind = int(tensor.tensor_type)
                 if kind not in BLOCK_BYTES:
                     raise _refuse(f"{key} is {tensor.tensor_type.name}; the 4-bit kernel runs Q4_0 and Q4_1 blocks only")
-                q, d, m = unpack(np.asarray(tensor.data), kind)
+                rows = int(np.prod([int(x) for x in tensor.shape[1:]]))  # GGUF shapes list the inner dimension first
+                q, d, m = unpack(np.asarray(tensor.data).reshape(rows, -1), kind)
                 if name in ("q_proj", "k_proj"):
-                    rows = rope_rows(q.shape[0], heads if name == "q_proj" else kv_heads)
-                    q, d, m = q[rows], d[rows], m[rows]
+                    order = rope_rows(q.shape[0], heads if name == "q_proj" else kv_heads)
+                    q, d, m = q[order], d[order], m[order]
                 weight = linear.weight
                 if tuple(q.shape) != tuple(weight.shape) or linear.bias is not None:
                     raise _refuse(f"{key} is {q.shape[0]} x {q.shape[1]}, the target's layer {i} {name} "
