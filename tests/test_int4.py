@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from otm.decode import int4
+from otm.decode.siblings import LastCall
 from otm.laws import OtmError
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -38,7 +39,8 @@ def pack(q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> np.ndarray:
 def random_blocks(rng, n: int, k: int, kind: int):
     q = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
     d = (rng.uniform(0.002, 0.03, size=(n, k // 32)) * rng.choice([-1, 1], size=(n, k // 32))).astype(np.float16)
-    m = None if kind == int4.Q4_0 else rng.uniform(-0.2, 0.05, size=(n, k // 32)).astype(np.float16)
+    # centred blocks (m near -8 d, as a quantiser's minimum is): the layers' outputs then depend on their inputs
+    m = None if kind == int4.Q4_0 else (-8.0 * d + rng.normal(0.0, 0.003, size=d.shape)).astype(np.float16)
     return q, d, m
 
 
@@ -84,7 +86,7 @@ def test_the_kernel_computes_the_blocks_to_bfloat16_rounding_and_each_row_alike(
     torch.manual_seed(0)
     x = torch.randn(9, 96).bfloat16()
     lin = torch.nn.Linear(96, 160, bias=False).bfloat16()
-    layer = int4.Int4Linear(lin, packed, sz, 0, int4._Last(), None)
+    layer = int4.Int4Linear(lin, packed, sz, 0, LastCall())
     with torch.inference_mode():
         out = layer(x)
         rows = [layer(x[i : i + 1].clone()) for i in range(9)]
@@ -106,7 +108,7 @@ def _tiny_target(tmp_path, *, kind: int = int4.Q4_1, seed: int = 0, tamper: bool
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None, attn_implementation="sdpa")
+                      pad_token_id=None, attn_implementation="sdpa", initializer_range=0.5)
     model = LlamaForCausalLM(cfg).eval()
     rng = np.random.default_rng(seed)
     path = tmp_path / "tiny.gguf"
@@ -249,3 +251,46 @@ def test_the_embedded_target_is_known_by_its_cache_directory(tmp_path, monkeypat
     assert int4.gguf_source(model) == tmp_path / "x.gguf"
     other = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(tmp_path / "my-model")))
     assert int4.gguf_source(other) is None
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest total variation between the laws (softmax) of two logit tensors, over positions."""
+    return 0.5 * (torch.softmax(a.double(), -1) - torch.softmax(b.double(), -1)).abs().sum(-1).max().item()
+
+
+def test_a_sibling_called_with_another_input_computes_its_own_columns_and_a_stale_group_is_caught(tmp_path,
+                                                                                                    monkeypatch):
+    """k_proj called with a tensor q_proj did not see returns k's columns of that tensor, not the group's last
+    output; the laws of a second forward are the dense model's up to rounding (TV 0.026 at most here: bfloat16
+    weights against bfloat16 group scales). Negative control, the realistic bug: a group that returns its kept
+    output whatever the input (a stale cache of the last call): the second forward's laws then lie TV 0.99 from
+    the dense model's, and the same bound fails."""
+    model, _ = _tiny_target(tmp_path)
+    attn = model.model.layers[0].self_attn
+    ids1, ids2 = torch.tensor([[3, 9, 27, 1]]), torch.tensor([[50, 2, 33, 8]])
+    with torch.inference_mode():
+        dense2 = model(ids2).logits
+        int4.use_int4(model)
+        x1, x2 = torch.randn(1, 3, 64).bfloat16(), torch.randn(1, 3, 64).bfloat16()
+        attn.q_proj(x1)
+        k2 = attn.k_proj(x2)  # another tensor: its own columns
+        attn.q_proj(x2.clone())  # the whole group on (a copy of) x2
+        assert torch.equal(k2, attn.k_proj.last.out[..., attn.k_proj.lo : attn.k_proj.hi])
+        model(ids1)
+        assert _tv(model(ids2).logits, dense2) < 0.1
+
+    def stale(self, x):  # the planted bug: the kept output, whatever x is
+        last = self.last
+        if last.out is None:
+            flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, int4.GROUP, self.scale_zero)
+            last.x, last.out = x, out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
+        return last.out[..., self.lo : self.hi]
+
+    monkeypatch.setattr(int4.Int4Linear, "forward", stale)
+    for m in model.modules():
+        if isinstance(m, int4.Int4Linear):
+            m.last.x = m.last.out = None
+    with torch.inference_mode():
+        model(ids1)
+        assert _tv(model(ids2).logits, dense2) > 0.5

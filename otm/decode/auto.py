@@ -62,22 +62,18 @@ class DecodePlan:
 
     @property
     def best(self) -> Candidate | None:
-        """The fastest candidate, or None when none is predicted to beat autoregressive sampling (on any step)."""
+        """The fastest candidate, or None when none is predicted to beat autoregressive sampling on any step
+        (with one step: none predicted faster than 1x)."""
         top = self.candidates[0] if self.candidates else None
-        if top is None:
-            return None
-        if self.ar_tokens_per_second:
-            return top if top.tokens_per_second > max(self.ar_tokens_per_second.values()) else None
-        return top if top.speedup > 1.0 else None
+        fastest_ar = max(self.ar_tokens_per_second.values(), default=float("inf"))
+        return top if top is not None and top.tokens_per_second > fastest_ar else None
 
     @property
     def compile(self) -> str:
         """The step to run: the best candidate's, else the one autoregressive sampling is fastest on."""
         if self.best is not None:
             return self.best.compile
-        if self.ar_tokens_per_second:
-            return max(self.ar_tokens_per_second, key=self.ar_tokens_per_second.get)
-        return self.candidates[0].compile if self.candidates else "none"
+        return max(self.ar_tokens_per_second, key=self.ar_tokens_per_second.get, default="none")
 
     def line(self) -> str:
         """One line: the choice and why, or that autoregressive sampling is faster here, with the numbers."""

@@ -19,7 +19,6 @@ Loading any pair (these defaults included) is :mod:`otm.decode.models`.
 from __future__ import annotations
 
 import contextlib
-
 import importlib.util
 import os
 import shutil

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from ..laws import OtmError
+from .siblings import SIBLINGS, LastCall
 
 OP = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 """Whether this torch has the 4-bit CPU GEMM and its packing."""
@@ -62,12 +63,9 @@ LLAMA = (("attn_q", "self_attn", "q_proj"), ("attn_k", "self_attn", "k_proj"), (
 """A llama-architecture GGUF's tensor ``blk.{i}.<name>.weight`` and the Hugging Face module holding it in
 ``model.layers[i]``."""
 
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
 DTYPES = (torch.bfloat16, torch.float32)
 """Target dtypes swapped. The kernel's fast path takes bfloat16 activations: a float32 target's layers round their
 inputs to bfloat16 for it and return float32 (the rest of the model stays float32)."""
-"""Sibling projections computed as one GEMM (the order the modules' forwards call them)."""
 
 
 def unpack(raw: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,11 +105,11 @@ def dequantize(q: np.ndarray, d: np.ndarray, m: np.ndarray, kind: int) -> np.nda
 
 def scales_and_zeros(d: np.ndarray, m: np.ndarray, kind: int) -> torch.Tensor:
     """The kernel's ``[K / 32, N, 2]`` bfloat16 groups: ``w = (q - 8) s + z`` with ``s = d``, ``z = m + 8 d``
-    (Q4_1) or 0 (Q4_0), each rounded once to bfloat16 from its exact value."""
-    d64 = d.astype(np.float64)
-    z = np.zeros_like(d64) if kind == Q4_0 else m.astype(np.float64) + 8.0 * d64
-    sz = np.stack([d64.T, z.T], axis=-1)  # exact in float64: d and m are float16
-    return torch.from_numpy(sz).to(torch.float32).to(torch.bfloat16).contiguous()  # float16 -> float32 exact, one rounding
+    (Q4_1) or 0 (Q4_0). d and m are float16, so d, 8 d and their sum are exact in float32 (unless m and 8 d lie
+    more than 13 binary orders apart: then rounded once there); each is then rounded to bfloat16."""
+    d32 = d.astype(np.float32)
+    z = np.zeros_like(d32) if kind == Q4_0 else m.astype(np.float32) + np.float32(8) * d32
+    return torch.from_numpy(np.stack([d32.T, z.T], axis=-1)).to(torch.bfloat16).contiguous()
 
 
 def rope_rows(n: int, heads: int) -> np.ndarray:
@@ -126,29 +124,20 @@ def rope_rows(n: int, heads: int) -> np.ndarray:
     return np.arange(n).reshape(heads, half, 2).swapaxes(2, 1).reshape(n)
 
 
-class _Last:
-    """The input a fused group last computed and its output (every sibling's columns)."""
-
-    __slots__ = ("x", "out")
-
-    def __init__(self):
-        self.x = self.out = None
-
-
 class Int4Linear(torch.nn.Module):
     """``nn.Linear`` computed by torch's 4-bit CPU GEMM on GGUF blocks, alone or as one of sibling projections
     fused into one GEMM: called with the input its group last computed (the very tensor, ``is``: as attention
     and a gated MLP call their siblings) it returns its columns of that output, else computes every sibling's
-    columns and keeps them. Activations go in as bfloat16 and the output comes back in the input's dtype. The
-    dense weight and bias stay (shared), as the undo and tied weights need them."""
+    columns and keeps them (:class:`otm.decode.siblings.LastCall`, as :class:`otm.decode.onednn.FusedLinear` does).
+    Activations go in as bfloat16 and the output comes back in the input's dtype. The dense weight stays (shared),
+    as the undo and tied weights need it; there is no bias (:func:`use_int4` refuses layers with one)."""
 
-    def __init__(self, linear: torch.nn.Linear, packed: torch.Tensor, scale_zero: torch.Tensor, lo: int, last: _Last,
-                 bias: torch.Tensor | None):
+    def __init__(self, linear: torch.nn.Linear, packed: torch.Tensor, scale_zero: torch.Tensor, lo: int, last: LastCall):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
+        self.weight = linear.weight
         self.lo, self.hi = lo, lo + linear.out_features
-        self.packed, self.scale_zero, self.last, self.fused_bias = packed, scale_zero, last, bias
+        self.packed, self.scale_zero, self.last = packed, scale_zero, last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = self.last
@@ -158,10 +147,7 @@ class Int4Linear(torch.nn.Module):
             if flat.dtype != torch.bfloat16:
                 flat = flat.to(torch.bfloat16)
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
-            out = out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
-            if self.fused_bias is not None:
-                out = out + self.fused_bias
-            last.x, last.out = x, out
+            last.x, last.out = x, out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
         return last.out[..., self.lo : self.hi]
 
     def extra_repr(self) -> str:
@@ -245,7 +231,6 @@ def use_int4(target, gguf: str | Path | None = None):
     except (OSError, ValueError) as exc:
         raise _refuse(f"cannot read {path}: {exc}") from None
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
     planned: list[tuple[torch.nn.Module, str, torch.nn.Module, Int4Linear]] = []
     with torch.no_grad():
         for i, layer in enumerate(layers):
@@ -276,19 +261,19 @@ def use_int4(target, gguf: str | Path | None = None):
                     raise _refuse(f"the target's layer {i} {name} is not {path.name}'s {key} (they differ by up to "
                                   f"{gap:.3g}): the target must be that GGUF's conversion")
                 blocks[name] = (q, d, m, kind)
-            for group in FUSED + (("o_proj",), ("down_proj",)):
+            for group in SIBLINGS + (("o_proj",), ("down_proj",)):
                 parent = layer.self_attn if group[0] in ("q_proj", "o_proj") else layer.mlp
                 q = np.concatenate([blocks[n][0] for n in group])
                 packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
                 sz = torch.cat([scales_and_zeros(*[blocks[n][j] for j in (1, 2, 3)]) for n in group], dim=1).contiguous()
-                last, lo = _Last(), 0
+                last, lo = LastCall(), 0
                 for n in group:
                     linear = getattr(parent, n)
-                    planned.append((parent, n, linear, Int4Linear(linear, packed, sz, lo, last, None)))
+                    planned.append((parent, n, linear, Int4Linear(linear, packed, sz, lo, last)))
                     lo += linear.out_features
-    for parent, n, linear, layer4 in planned:  # every weight checked: now swap (nothing half-swapped on a refusal)
+    for parent, n, _, layer4 in planned:  # every weight checked: now swap (nothing half-swapped on a refusal)
         setattr(parent, n, layer4)
-        swaps.append((parent, n, linear))
+    swaps = [(parent, n, linear) for parent, n, linear, _ in planned]
 
     def undo() -> None:
         for parent, n, linear in reversed(swaps):

@@ -17,7 +17,7 @@ rounding (sums in another order); the laws the decoder verifies are the model's 
 so exactness is untouched. Every contender of a bench (autoregressive, speculative, transformers'
 ``generate`` and assisted generation) runs on the same swapped models: the ratios stay fair.
 
-The same swap fuses a module's sibling projections (:data:`SIBLINGS`: attention's q/k/v, a gated MLP's
+The same swap fuses a module's sibling projections (:data:`otm.decode.siblings.SIBLINGS`: attention's q/k/v, a gated MLP's
 gate/up) into one GEMM (:class:`FusedLinear`) and runs Llama's RMSNorm as one ``F.rms_norm``: 3-6 % off a
 target call on the embedded pair (``analysis/onednn_fused_ab.py``; ``docs/decode.md``, "Siblings fused").
 """
@@ -29,6 +29,7 @@ import types
 import torch
 
 from ..laws import OtmError
+from .siblings import SIBLINGS, LastCall
 
 POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 """Whether this torch has the prepacked-weight linear of inductor's freezing (the fast path of :class:`OneDnnLinear`)."""
@@ -97,27 +98,13 @@ def _over(weight: torch.Tensor) -> OneDnnLinear:
     return OneDnnLinear(lin)
 
 
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Projections a module computes from one input (attention's queries, keys and values; a gated MLP's gate and
-up), in the order its forward calls them: fused into one GEMM by :func:`use_onednn`."""
-
-
-class _Last:
-    """The input a fused group last saw and its output (every sibling's columns)."""
-
-    __slots__ = ("x", "out")
-
-    def __init__(self):
-        self.x = self.out = None
-
-
 class FusedLinear(torch.nn.Module):
     """One of sibling projections fused into one oneDNN GEMM: the first sibling (``lo == 0``) computes every
     sibling's output from its input and keeps it; the others return their columns of it when called with the
     very same input tensor (``is``, as attention and a gated MLP call them), else compute their own by torch's
     ``F.linear`` on their dense weight. The dense weight and bias stay, as in :class:`OneDnnLinear`."""
 
-    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: _Last):
+    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
@@ -156,7 +143,7 @@ def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]), None)
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
-    last, lo, out = _Last(), 0, []
+    last, lo, out = LastCall(), 0, []
     for name, m in zip(names, linears):
         setattr(parent, name, FusedLinear(m, lo, packed, bias, last))
         out.append((name, m))
@@ -275,4 +262,4 @@ def eager_steps(target) -> list[str]:
     return ["none"] + (["onednn"] if available(target) else []) + (["int4"] if int4_available(target) else [])
 
 
-__all__ = ["FusedLinear", "OneDnnLinear", "SIBLINGS", "available", "eager_steps", "for_choice", "use_onednn"]
+__all__ = ["FusedLinear", "OneDnnLinear", "available", "eager_steps", "for_choice", "use_onednn"]
