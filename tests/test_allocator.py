@@ -22,11 +22,14 @@ torch.set_num_threads(1)
 def step():
     laws = torch.softmax(torch.randn(4, 1 << 20, dtype=torch.bfloat16).to(torch.float64), -1)  # 32 MiB
     return float(laws[0, 0])
-step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+for _ in range(3):
     step()
-print(json.dumps({"kept": kept, "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10}))
+rounds = []
+for _ in range(16):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step()
+    rounds.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": sorted(rounds)[len(rounds) // 2], "rounds": rounds}))
 """
 
 
@@ -77,7 +80,9 @@ def test_a_freed_block_stays_in_the_heap():
 def test_kept_freed_memory_stops_the_refaulting():
     off, on = _run(False), _run(True)
     # the defaults fault the temporaries' pages in again every round (8,192 pages a 32 MiB tensor): the negative
-    # control; kept, they come back from the heap already mapped
+    # control; kept, they come back from the heap already mapped. The median of 16 rounds: kept, the heap may still
+    # grow in the first rounds (after three warm-up steps 0-2 of them here, after one 1-4, 2,048-16,384 faults each:
+    # a mean over 10 rounds failed once in CI, 4,915 against 17,405), then no round faults at all
     assert off["faults"] > 4000 and on["faults"] < 0.25 * off["faults"], (on, off)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -216,10 +215,7 @@ def test_selection_target_at_full_vocabulary_reaches_alpha_star(k):
     zd = z + rng.standard_normal(V)
     draft = np.exp(zd - zd.max())
     target, draft = target / target.sum(), draft / draft.sum()
-    t0 = time.perf_counter()
     st_ = ow.selection_target(target, draft, k)
-    elapsed = time.perf_counter() - t0
     alpha = optimal_acceptance_of(WithoutReplacement(draft, k), target).value
     assert abs(np.minimum(st_.x_star, target).sum() - alpha) < 1e-9
     assert abs(st_.x_star.sum() - 1) < 1e-9
-    assert elapsed < 60, elapsed
