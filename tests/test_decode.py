@@ -667,6 +667,24 @@ def test_auto_plan_counts_the_verifiers_own_time():
         assert by(fast, L).between_ms < 10.0 < by(slow, L).between_ms and by(slow, L).speedup < by(fast, L).speedup
 
 
+def test_auto_plan_runs_speculative_sampling_for_one_draft():
+    """At k = 1 the plan warms up, times and proposes ``speculative`` for K-SEQ and RRS (their one-draft rule, without
+    K-SEQ's rho search), once for both; k >= 2 keeps the rule asked for; a callable verifier is left as it is."""
+    from otm.decode.auto import one_draft, plan
+    from otm.decode.bench import Costs
+
+    assert one_draft("kseq", 1) == "speculative" == one_draft("rrs_without_replacement", 1)
+    assert one_draft("kseq", 2) == "kseq" and one_draft("optimal", 1) == "optimal"
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    costs = Costs({1: 10.0, 2: 10.0, 3: 10.0}, {1: 0.1, 2: 0.1}, 8)
+    p = plan(target, draft, [2, 3, 4], ks=(1, 2), lengths=(1,), verifiers=("kseq", "rrs"), costs=costs,
+             warmup_tokens=12)
+    assert set(p.acceptance) == {("speculative", 1), ("kseq", 2), ("rrs", 2)}
+    assert sorted((c.verifier, c.k) for c in p.candidates) == [("kseq", 2), ("rrs", 2), ("speculative", 1)]
+    mine = lambda *a, **kw: None  # noqa: E731
+    assert one_draft(mine, 1) is mine
+
+
 def test_keep_path_moves_the_path_down_and_leaves_a_path_in_place_as_it_is():
     """Runner.keep_path: a path already right after the kept length (a chain's accepted prefix, every k = 1 step)
     is kept without a copy; one further on is copied down; either way the cache holds the context and then the

@@ -1,6 +1,7 @@
 r"""The machine decides the draft tree: k, L and the verifier from the measured costs and acceptance.
 
-For each candidate verifier and k, two short warm-up decodes at the deepest L measure the acceptance at
+For each candidate verifier and k (at k = 1 speculative sampling, the law every rule of :data:`ONE_DRAFT` has
+with one draft, without their k-draft machinery), two short warm-up decodes at the deepest L measure the acceptance at
 each depth d given that depth was reached, :math:`a_d` (``accepted_by_depth / verified_by_depth``). A step
 of depth L then emits on average
 
@@ -115,6 +116,18 @@ def levels_verified(acceptance: list[float], length: int) -> float:
     return block_efficiency(acceptance, length - 1)
 
 
+ONE_DRAFT = ("kseq", "rrs", "rrs_without_replacement", "kseq_without_replacement")
+"""Verifiers whose rule with one draft is speculative sampling (Leviathan et al. 2023): at k = 1 the plan runs
+``speculative``, the same law without their k-draft machinery (K-SEQ's rho search and its checks: about 0.25 ms a
+step on the embedded pair), as the bench's k = 1 rows do."""
+
+
+def one_draft(verifier, k: int):
+    """The verifier the plan runs at ``k``: ``speculative`` for one draft of a rule in :data:`ONE_DRAFT`, else
+    ``verifier`` itself (a callable included)."""
+    return "speculative" if k == 1 and isinstance(verifier, str) and verifier in ONE_DRAFT else verifier
+
+
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
          sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none",
          compiles=None) -> DecodePlan:
@@ -131,17 +144,16 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
         raise OtmError("auto needs k and L candidates >= 1")
     deepest = max(lengths)
     acceptance, between = {}, {}
-    for verifier in verifiers:
-        for k in ks:
-            runs = [speculative_decode(target, draft, ids, k=k, length=deepest, verifier=verifier, scheme=scheme,
-                                       sampling=sampling, max_new_tokens=warmup_tokens, seed=seed + r).stats
-                    for r in range(2)]
-            accepted = [sum(x) for x in zip(*(r.accepted_by_depth for r in runs))]
-            verified = [sum(x) for x in zip(*(r.verified_by_depth for r in runs))]
-            acceptance[(verifier, k)] = [a / v if v else float("nan") for a, v in zip(accepted, verified)]
-            s = runs[1]  # the second run: the first pays the one-off costs (caches, first calls)
-            between[(verifier, k)] = max(0.0, 1000.0 * (s.wall_seconds - s.target_seconds - s.draft_seconds)
-                                         / max(s.steps, 1))
+    for verifier, k in dict.fromkeys((one_draft(v, k), k) for v in verifiers for k in ks):
+        runs = [speculative_decode(target, draft, ids, k=k, length=deepest, verifier=verifier, scheme=scheme,
+                                   sampling=sampling, max_new_tokens=warmup_tokens, seed=seed + r).stats
+                for r in range(2)]
+        accepted = [sum(x) for x in zip(*(r.accepted_by_depth for r in runs))]
+        verified = [sum(x) for x in zip(*(r.verified_by_depth for r in runs))]
+        acceptance[(verifier, k)] = [a / v if v else float("nan") for a, v in zip(accepted, verified)]
+        s = runs[1]  # the second run: the first pays the one-off costs (caches, first calls)
+        between[(verifier, k)] = max(0.0, 1000.0 * (s.wall_seconds - s.target_seconds - s.draft_seconds)
+                                     / max(s.steps, 1))
     # autoregressive sampling's own time between its calls (sampling, bookkeeping), the baseline's, alike
     ar = [autoregressive_decode(target, ids, sampling=sampling, max_new_tokens=warmup_tokens, seed=seed + r).stats
           for r in range(2)][1]
@@ -169,4 +181,4 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
     return DecodePlan(candidates, t1s[top], acceptance, warmup_tokens, ar_between, ar_rates, t1s)
 
 
-__all__ = ["Candidate", "DecodePlan", "STEP_NAMES", "block_efficiency", "levels_verified", "plan"]
+__all__ = ["Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan"]

@@ -327,8 +327,8 @@ def cmd_decode(args) -> int:
         print(chosen.line(), file=sys.stderr, flush=True)
         best = chosen.best
         args.autoregressive = best is None
-        if best is not None:
-            args.k, args.length = best.k, best.length
+        if best is not None:  # at k = 1 the plan's verifier is speculative sampling (otm.decode.auto.one_draft)
+            args.k, args.length, args.verifier = best.k, best.length, best.verifier
         args.compile = chosen.compile
     for_choice(args.compile, target, draft)  # onednn, int4: the models' layers swapped for the run
     import json
