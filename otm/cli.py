@@ -379,10 +379,12 @@ def _demo_decode(args) -> int:
               "(otm decode --autoregressive); otm bench-decode --threads 1 measures every configuration.")
         return 0
     ks = sorted({1, best.k})
+    # the bench runs speculative sampling's k = 1 rows anyway: the plan's one-draft choice is one of them
+    verifiers = g["verifiers"] if best.verifier == "speculative" else [best.verifier]
     command = (f"otm bench-decode --k {','.join(map(str, ks))} --length {best.length} "
-               f"--verifiers {best.verifier} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+               f"--verifiers {','.join(verifiers)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
                f"--dtype {name} --draft-vocab {DEFAULT_DRAFT_VOCAB} --no-hf --threads 1 --compile {compile}")
-    rows = run_bench(target, draft, tokenizer, ks=ks, lengths=[best.length], verifiers=[best.verifier],
+    rows = run_bench(target, draft, tokenizer, ks=ks, lengths=[best.length], verifiers=verifiers,
                      sampling=sampling, max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, seed=0,
                      hf=False, progress=True, command=command, compile=compile)
     ar = next(r for r in rows if r.contender.kind == "autoregressive")
