@@ -294,3 +294,37 @@ def test_a_sibling_called_with_another_input_computes_its_own_columns_and_a_stal
     with torch.inference_mode():
         model(ids1)
         assert _tv(model(ids2).logits, dense2) > 0.5
+
+
+def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path):
+    """``--compile int4-compiled``: the static step compiled by inductor (with freezing, as it runs) over the swapped
+    target. Traced, each sibling asks for its group's GEMM and the graph computes it once (4 GEMMs a layer: q/k/v, o,
+    gate/up, down; 7 if the siblings were not merged), the head stays one opaque oneDNN call where oneDNN takes the
+    model, and the next token's logits are the eager swapped model's to bfloat16 rounding."""
+    from torch.profiler import profile
+
+    from otm.decode.onednn import dtypes, use_onednn
+    from otm.decode.runner import Runner
+    from otm.decode.static import StaticRunner
+
+    model, _ = _tiny_target(tmp_path)
+    int4.use_int4(model)
+    use_onednn(model)
+    prompt = [3, 9, 27, 1, 44, 5]
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        eager = Runner(model, "target")
+        eager.feed(prompt)
+        want = eager.forward(*eager.chain([7]))[0, -1]
+        static = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="default", progress=None)
+        static.feed(prompt)  # the prompt runs eagerly (larger than every bucket)
+        got = static.forward(*static.chain([7]))[0, -1]  # compiles
+        static.truncate(len(prompt))
+        with profile() as p:
+            again = static.forward(*static.chain([7]))[0, -1]
+    calls = {e.key: e.count for e in p.key_averages()}
+    assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * len(model.model.layers)
+    if torch.bfloat16 in dtypes():
+        assert calls.get("otm::packed_linear") == 1  # the head
+    assert torch.equal(again, got)
+    assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()

@@ -152,7 +152,7 @@ def test_compiled_static_step_gives_the_same_tokens(monkeypatch, capsys):
     assert counters["stats"]["unique_graphs"] == graphs <= 4
     err = capsys.readouterr().err
     assert "compiling the target's step for 7 positions" in err and "compiling the draft's step" in err
-    assert runners[0].shapes <= {3, 7}  # the target: one graph per bucket, MIN_ROWS and the largest tree (1 + k L)
+    assert runners[0].shapes <= {static.MIN_ROWS, 7}  # the target: one graph per bucket, MIN_ROWS and the largest tree (1 + k L)
     c = speculative_decode(target, draft, prompt, compile="default", **options)  # a second run: nothing recompiles
     assert c.tokens == a.tokens and "compiling" not in capsys.readouterr().err
     assert counters["stats"]["unique_graphs"] == graphs
@@ -202,3 +202,28 @@ def test_warm_compiles_every_bucket_once_and_leaves_the_cache_as_it_was(monkeypa
     runner.warm()
     assert runner.shapes == {static.MIN_ROWS, 5} and runner.length() == 3
     assert all(torch.equal(k[:, :, :3], b) for k, b in zip(runner.cache.keys, before))
+
+
+def test_a_compiled_cpu_call_runs_eager_attention_and_puts_the_setting_back(monkeypatch):
+    """On the CPU a compiled call runs transformers' eager attention (SDPA's CPU kernel with the static mask was
+    slow for one query); the model's own setting is back after the call (the run's eager contenders keep theirs);
+    a static step that is not compiled keeps SDPA."""
+    monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
+    target = _llama(6)
+    target.config._attn_implementation = "sdpa"
+    seen = []
+    attention = target.model.layers[0].self_attn
+    original = attention.forward
+
+    def spy(*args, **kwargs):
+        seen.append(attention.config._attn_implementation)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "forward", spy)
+    for mode, inside in ((None, "sdpa"), ("default", "eager")):
+        seen.clear()
+        runner = static.StaticRunner(target, "target", capacity=64, buckets=(1,), compile=mode, progress=None)
+        with torch.inference_mode():
+            runner.feed([1, 2, 3])  # the prompt: eager, not compiled
+            runner.forward(*runner.chain([4]))
+        assert seen == ["sdpa", inside] and target.config._attn_implementation == "sdpa"

@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .steps import EAGER, SWAPS
+from .steps import EAGER, SWAPS, step_of
 
 PROMPTS = (
     "Write a short story about a robot who learns to paint.",
@@ -154,7 +154,8 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
     ``StaticCache`` with the forward compiled in that mode (transformers' ``CompileConfig``, on every device:
     by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
     rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
-    if compile in EAGER:  # onednn, int4: the models themselves are swapped, generate's loop is eager
+    compile = step_of(compile)  # onednn, int4(-compiled): the models themselves are swapped
+    if compile == "none":  # generate's loop is eager
         return {}
     from transformers import StaticCache
 
@@ -335,7 +336,7 @@ def measure_costs(target, draft, context: list[int], sizes, batches, *, sampling
         undo = for_choice(compile, target, draft, require=False)
         try:
             return measure_costs(target, draft, context, sizes, batches, sampling=sampling, repeats=repeats,
-                                 prompt=prompt, compile="none", capacity=capacity)
+                                 prompt=prompt, compile=step_of(compile), capacity=capacity)
         finally:
             undo()
 
@@ -467,6 +468,11 @@ def step_line(compile: str) -> str:
         return ("eager step, the target's block layers on its GGUF's own 4-bit weights (torch's int4 CPU GEMM; group "
                 "scales, zeros and the layers' inputs in bfloat16), every other linear layer on oneDNN's prepacked GEMM, siblings and "
                 "RMSNorms fused (no compilation), for every row, transformers' included")
+    if compile == "int4-compiled":
+        return ("static-shape step compiled by torch.compile (mode default, inductor), the target's block layers on its "
+                "GGUF's own 4-bit weights, every other linear layer on oneDNN's prepacked GEMM (one opaque call each in "
+                "the graph), transformers' eager attention in the graph; transformers' generate row with its StaticCache "
+                "compiled the same way, its assisted row eager")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "

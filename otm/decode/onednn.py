@@ -24,7 +24,9 @@ target call on the embedded pair (``analysis/onednn_fused_ab.py``; ``docs/decode
 
 from __future__ import annotations
 
+import itertools
 import types
+import weakref
 
 import torch
 
@@ -40,6 +42,32 @@ def dtypes() -> tuple[torch.dtype, ...]:
     bfloat16 on this CPU (there torch's own bfloat16 linear reorders the weight at every call)."""
     bf16 = POINTWISE and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
     return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+
+
+_PACKED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+"""The prepacked weights a traced graph reads, by handle (:func:`_packed_linear`): the modules holding them, weakly
+(an undone swap frees its weights)."""
+
+
+def _register(module) -> int:
+    handle = next(_HANDLES)
+    _PACKED[handle] = module
+    return handle
+
+
+_HANDLES = itertools.count()
+
+if POINTWISE:
+    @torch.library.custom_op("otm::packed_linear", mutates_args=())
+    def _packed_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+        """oneDNN's inner product on the prepacked weight of module ``handle`` (its ``packed`` and ``dense_bias``):
+        one opaque call in a compiled graph (dynamo cannot hold oneDNN's packed tensor), the eager path's call."""
+        m = _PACKED[handle]
+        return torch.ops.mkldnn._linear_pointwise(x, m.packed, m.dense_bias, "none", [], "")
+
+    @_packed_linear.register_fake
+    def _(x, handle, out_features):
+        return x.new_empty((*x.shape[:-1], out_features))
 
 
 class OneDnnLinear(torch.nn.Module):
@@ -61,6 +89,7 @@ class OneDnnLinear(torch.nn.Module):
             self.dense_bias = None if linear.bias is None else linear.bias.detach()
             if POINTWISE:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+                self.handle = _register(self)
             else:
                 self.packed = w.to_mkldnn()
                 self.packed_bias = None if self.dense_bias is None else self.dense_bias.to_mkldnn()
@@ -69,6 +98,8 @@ class OneDnnLinear(torch.nn.Module):
         if x.dtype != self.weight.dtype or x.device.type != "cpu" or (not POINTWISE and x.dtype != torch.float32):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         if POINTWISE:
+            if torch.compiler.is_compiling():
+                return _packed_linear(x, self.handle, self.out_features)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.dense_bias, "none", [], "")
         shape = x.shape
         flat = x.reshape(-1, self.in_features).contiguous()
@@ -104,14 +135,21 @@ class FusedLinear(torch.nn.Module):
     very same input tensor (``is``, as attention and a gated MLP call them), else compute their own by torch's
     ``F.linear`` on their dense weight. The dense weight and bias stay, as in :class:`OneDnnLinear`."""
 
-    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall):
+    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall, total: int,
+                 handle: int | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.lo, self.hi = lo, lo + linear.out_features
         self.packed, self.fused_bias, self.last = packed, bias, last
+        # the group's GEMM in a compiled graph (_packed_linear): one handle for the group, the first sibling's
+        self.dense_bias, self.total = bias, total
+        self.handle = _register(self) if handle is None else handle
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and x.dtype == self.weight.dtype and x.device.type == "cpu":
+            # traced: each sibling asks for the group's GEMM (one opaque call after the graph's CSE)
+            return _packed_linear(x, self.handle, self.total)[..., self.lo : self.hi]
         if self.lo == 0 and x.dtype == self.weight.dtype and x.device.type == "cpu":
             out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.fused_bias, "none", [], "")
             self.last.x, self.last.out = x, out
@@ -144,8 +182,11 @@ def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]), None)
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
     last, lo, out = LastCall(), 0, []
+    total, handle = sum(m.out_features for m in linears), None
     for name, m in zip(names, linears):
-        setattr(parent, name, FusedLinear(m, lo, packed, bias, last))
+        fused = FusedLinear(m, lo, packed, bias, last, total, handle)
+        handle = fused.handle
+        setattr(parent, name, fused)
         out.append((name, m))
         lo += m.out_features
     return out
@@ -223,11 +264,11 @@ def use_onednn(*models, fuse: bool = True):
 
 def for_choice(choice: str, *models, require: bool = True):
     """The models of a run whose ``--compile`` choice is ``choice``: swapped onto oneDNN for ``onednn``
-    (:func:`use_onednn`); for ``int4`` the first (the target) onto its GGUF's 4-bit blocks
+    (:func:`use_onednn`); for ``int4`` and ``int4-compiled`` the first (the target) onto its GGUF's 4-bit blocks
     (:func:`otm.decode.int4.use_int4`) and the rest of every model onto oneDNN; untouched otherwise; returns the
     undo. ``require``: refuse (``OtmError``) models that the choice leaves as they are (``False``: models already
     swapped, as a bench's are when it times its calls)."""
-    if choice == "int4":
+    if choice in ("int4", "int4-compiled"):
         from .int4 import use_int4
 
         undo4 = use_int4(models[0])  # a target already swapped: nothing more (count 0)

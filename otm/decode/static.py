@@ -30,6 +30,8 @@ drawn from (the decoder's design), and the exact mode checks the static path lik
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 import time
@@ -40,10 +42,13 @@ import torch
 from ..laws import OtmError
 from .runner import Runner
 
-MIN_ROWS = 3
-"""Fewest rows (batch x positions) a compiled forward takes on the CPU: inductor's single-row graph was
-slower than its three-row one on the 2-core AVX512-BF16 VM (bfloat16, frozen weights: T(1) 28.7 ms,
-T(3) 20.5 ms; eager T(1) 27.8 ms), so a one-token step is padded to three rows."""
+MIN_ROWS = 1
+"""Fewest rows (batch x positions) a compiled forward takes on the CPU. It was 3 while the compiled graph ran
+SDPA: its CPU kernel with the static cache's mask was slow for one query (0.45 ms a layer over 512 slots), and
+the single-row graph the slower one (bfloat16, frozen: T(1) 28.7 ms, T(3) 20.5 ms). With transformers' eager
+attention in the graph (:meth:`StaticRunner._attention`) one row costs no more than three (the embedded target
+on the 2-core AVX512-BF16 VM, one thread: bfloat16 frozen T(1) 26.7, T(3) 26.3 ms; on the GGUF's 4-bit blocks
+13.0 against 14.8 ms), so a one-token step is no longer padded."""
 
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 """``torch.compile`` modes the static step takes (``None``: the static shapes, eager kernels)."""
@@ -269,8 +274,9 @@ class StaticRunner(Runner):
                 self._say(f"compiling the {self.role}'s step for {Q} position{'s' if Q > 1 else ''} "
                           f"(torch.compile, mode {self.mode}; once per shape, cached in the user cache folder) ...")
         start = time.perf_counter()
-        out = fn(ids, positions, full.to(self.device), extra, **inputs) if inputs else fn(ids, positions,
-                                                                                           full.to(self.device), extra)
+        with self._attention(compiled):
+            out = fn(ids, positions, full.to(self.device), extra, **inputs) if inputs else fn(ids, positions,
+                                                                                               full.to(self.device), extra)
         if first:
             self.shapes.add(Q)
             self.compile_seconds += time.perf_counter() - start
@@ -285,6 +291,32 @@ class StaticRunner(Runner):
 
     def _call_inputs(self, ids, positions, mask, extra, **inputs):
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _attention(self, compiled: bool):
+        """A compiled call on the CPU runs transformers' eager attention (matmuls, softmax: inductor fuses them)
+        instead of SDPA, whose CPU kernel with the static cache's mask took 0.45 ms a layer for one query over 512
+        slots (the embedded target, 13 ms a call of 30 layers); the models' settings are put back after the call, so
+        the eager contenders of a run keep theirs."""
+        configs = self._attention_configs if compiled and self.device.type == "cpu" else ()
+        before = [c._attn_implementation for c in configs]
+        try:
+            for c in configs:
+                c._attn_implementation = "eager"
+            yield
+        finally:
+            for c, b in zip(configs, before):
+                c._attn_implementation = b
+
+    @functools.cached_property
+    def _attention_configs(self) -> tuple:
+        """The distinct configurations of the model's modules that choose an attention implementation."""
+        seen: dict[int, object] = {}
+        for m in self.model.modules():
+            c = getattr(m, "config", None)
+            if c is not None and hasattr(c, "_attn_implementation"):
+                seen.setdefault(id(c), c)
+        return tuple(seen.values())
 
     def visible(self, used: int, q: int, mask: torch.Tensor | None) -> torch.Tensor:
         """``[q, capacity]`` bool: the slots each of the q new tokens may attend to -- the committed
