@@ -642,6 +642,38 @@ def test_auto_plan_compares_steps_by_predicted_tokens_per_second():
     assert "no configuration tried is predicted to beat" in q.line() and q.line().endswith("(on the GGUF's 4-bit blocks)")
 
 
+def test_auto_plan_weighs_the_compiled_blocks_for_the_winning_tree_only():
+    """``refine``: where the winner runs on the eager 4-bit blocks, the same tree on their compiled step is weighed
+    with that step's costs (and the same acceptance and time between the calls), autoregressive sampling on it too;
+    it wins when faster; no other tree is tried compiled, and nothing is added when the winner runs elsewhere."""
+    from otm.decode.auto import plan
+    from otm.decode.bench import Costs
+
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    flat = Costs({1: 20.0, 2: 20.0, 3: 20.0}, {1: 0.5}, 8)
+    steep = Costs({1: 10.0, 2: 10.6, 3: 11.2}, {1: 0.3}, 8)
+    compiled = Costs({1: 9.0, 2: 9.2, 3: 9.4}, {1: 0.3}, 8)
+    common = dict(ks=(1,), lengths=(1, 2), compiles=["onednn", "int4"], warmup_tokens=16)
+    p = plan(target, draft, [2, 3, 4], costs={"onednn": flat, "int4": steep, "int4-compiled": compiled},
+             refine=["int4-compiled"], **common)
+    extra = [c for c in p.candidates if c.compile == "int4-compiled"]
+    assert len(extra) == 1 and len(p.candidates) == 5
+    eager_twin = next(c for c in p.candidates if c.compile == "int4" and (c.k, c.length) == (extra[0].k, extra[0].length))
+    assert eager_twin.tokens_per_second == max(c.tokens_per_second for c in p.candidates if c.compile != "int4-compiled")
+    assert extra[0].block_efficiency == eager_twin.block_efficiency and extra[0].between_ms == eager_twin.between_ms
+    assert extra[0].step_ms == pytest.approx(compiled.step_ms(extra[0].k, extra[0].length) + extra[0].between_ms)
+    assert p.compile == "int4-compiled" == p.best.compile and "int4-compiled" in p.ar_tokens_per_second
+    assert "the GGUF's 4-bit blocks compiled" in p.line()
+    slow = Costs({1: 30.0, 2: 31.0, 3: 32.0}, {1: 0.3}, 8)  # compiled but slower: the eager blocks stay
+    q = plan(target, draft, [2, 3, 4], costs={"onednn": flat, "int4": steep, "int4-compiled": slow},
+             refine=["int4-compiled"], **common)
+    assert q.compile == "int4"
+    dear = Costs({1: 10.0, 2: 40.0, 3: 60.0}, {1: 5.0}, 8)  # the winner is not on the blocks: nothing compiled
+    r = plan(target, draft, [2, 3, 4], costs={"onednn": flat, "int4": dear, "int4-compiled": compiled},
+             refine=["int4-compiled"], ks=(1,), lengths=(1, 2), compiles=["onednn"], warmup_tokens=16)
+    assert not any(c.compile == "int4-compiled" for c in r.candidates)
+
+
 def test_auto_plan_counts_the_verifiers_own_time():
     """A verifier that takes 20 ms a call (planted: the same rule, slowed) gets those milliseconds in its
     steps' time between the calls, and a lower predicted speed-up than the same rule at full speed."""

@@ -18,7 +18,7 @@ import torch
 
 from otm.decode import autoregressive_decode, speculative_decode
 from otm.decode.bench import measure_costs
-from otm.decode.onednn import FusedLinear, OneDnnLinear, available, dtypes, for_choice, use_onednn
+from otm.decode.onednn import POINTWISE, FusedLinear, OneDnnLinear, available, dtypes, for_choice, use_onednn
 
 ON = (OneDnnLinear, FusedLinear)  # a layer on oneDNN: alone, or one of fused siblings
 from otm.decode.sampling import Sampling
@@ -237,3 +237,33 @@ def test_fuse_false_swaps_every_layer_alone():
     ids = torch.tensor([[1, 5, 7, 2]])
     with torch.inference_mode():
         torch.testing.assert_close(alone(ids).logits, fused(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not POINTWISE, reason="the prepacked path (torch.ops.mkldnn._linear_pointwise)")
+def test_a_compiled_graph_names_prepacked_weights_by_their_content():
+    """The handle a compiled graph passes to ``otm::packed_linear`` is a digest of the weights: the same in every
+    swap of the same weights (so inductor's kernel cache finds the graph in the next process), different for other
+    weights; a handle held by two modules still resolves when one of them is gone. Traced, the swapped model gives
+    the eager swapped model's logits."""
+    import copy
+    import gc
+
+    from otm.decode import onednn
+
+    a = tiny_llama(3)
+    b = copy.deepcopy(a)
+    c = tiny_llama(4)
+    for m in (a, b, c):
+        use_onednn(m)
+    handles = [[x.handle for x in m.modules() if isinstance(x, ON)] for m in (a, b, c)]
+    assert handles[0] == handles[1] and not set(handles[0]) & set(handles[2])
+    assert len(set(handles[0])) == 2 * 4 + 1  # per layer q/k/v, o, gate/up, down; and the head
+    del b
+    gc.collect()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        want = a(ids).logits
+        got = torch.compile(lambda x: a(x).logits, backend="aot_eager", dynamic=False)(ids)
+    assert all(onednn._holder(h) is not None for h in handles[0])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -97,7 +97,8 @@ class DecodePlan:
                 f"{' on the same step' if steps else ''}{steps} ({why})")
 
 
-STEP_NAMES = {"none": "the eager step", "onednn": "oneDNN's linears", "int4": "the GGUF's 4-bit blocks"}
+STEP_NAMES = {"none": "the eager step", "onednn": "oneDNN's linears", "int4": "the GGUF's 4-bit blocks",
+              "int4-compiled": "the GGUF's 4-bit blocks compiled"}
 """How :meth:`DecodePlan.line` names a step it compared."""
 
 
@@ -128,14 +129,22 @@ def one_draft(verifier, k: int):
     return "speculative" if k == 1 and isinstance(verifier, str) and verifier in ONE_DRAFT else verifier
 
 
+COMPILED = {"int4": "int4-compiled"}
+"""An eager step and its compiled counterpart (the same models in the compiled static step), which the plan can
+weigh for the winning tree only (``refine``)."""
+
+
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
          sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none",
-         compiles=None) -> DecodePlan:
+         compiles=None, refine=()) -> DecodePlan:
     """Measure and rank every (verifier, k, L) of the grid (module docstring); ``ids`` the warm-up prompt.
     ``costs``: measured :class:`~otm.decode.bench.Costs` to reuse, or a dict step -> Costs (else measured here,
     with the step ``compile`` gives: a choice of :data:`otm.decode.cli.COMPILE_CHOICES`). ``compiles``: several
     steps to compare (module docstring); the models must not be swapped yet (each is timed swapped, then
-    put back), and :attr:`DecodePlan.compile` names the one to run."""
+    put back), and :attr:`DecodePlan.compile` names the one to run. ``refine``: compiled steps (values of
+    :data:`COMPILED`) weighed for the winning tree alone, where the winner runs on their eager counterpart: their
+    costs are measured on that tree's sizes and autoregressive sampling's only (a compiled graph per size; every
+    size of the grid would cost minutes of compilation), with the same acceptance and time between the calls."""
     from .bench import measure_costs
     from .decoder import autoregressive_decode, speculative_decode
 
@@ -177,8 +186,24 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
                 candidates.append(Candidate(verifier, scheme, k, L, B, step, (B / step) * (t1 + ar_between), w,
                                             mode, 1000.0 * B / step))
     candidates.sort(key=lambda c: -c.tokens_per_second)
+    winner = candidates[0] if candidates else None
+    for mode in refine:
+        if winner is None or COMPILED.get(winner.compile) != mode:
+            continue
+        k, L = winner.k, winner.length
+        measured = given.get(mode)
+        if measured is None:
+            measured = measure_costs(target, draft, list(ids), [1, 1 + k * L], sorted({1, k}), sampling=sampling,
+                                     repeats=5, compile=mode)
+        t1 = t1s[mode] = measured.target(1)
+        ar_rates[mode] = 1000.0 / (t1 + ar_between)
+        step = measured.step_ms(k, L) + winner.between_ms
+        candidates.append(Candidate(winner.verifier, scheme, k, L, winner.block_efficiency, step,
+                                    (winner.block_efficiency / step) * (t1 + ar_between), winner.between_ms, mode,
+                                    1000.0 * winner.block_efficiency / step))
+    candidates.sort(key=lambda c: -c.tokens_per_second)
     top = candidates[0].compile if candidates else modes[0]
     return DecodePlan(candidates, t1s[top], acceptance, warmup_tokens, ar_between, ar_rates, t1s)
 
 
-__all__ = ["Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan"]
+__all__ = ["COMPILED", "Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan"]

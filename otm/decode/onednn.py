@@ -24,7 +24,7 @@ target call on the embedded pair (``analysis/onednn_fused_ab.py``; ``docs/decode
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import types
 import weakref
 
@@ -44,25 +44,40 @@ def dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
-_PACKED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-"""The prepacked weights a traced graph reads, by handle (:func:`_packed_linear`): the modules holding them, weakly
-(an undone swap frees its weights)."""
+_PACKED: dict[int, list] = {}
+"""The prepacked weights a compiled graph reads (:func:`_packed_linear`), by the handle of their content: the
+modules holding them, weakly (an undone swap frees its weights)."""
 
 
-def _register(module) -> int:
-    handle = next(_HANDLES)
-    _PACKED[handle] = module
+def _register(module, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The handle of ``module``'s prepacked product: a digest of its dense weight and bias, so that a graph names
+    the same handle in every process (inductor's kernel cache then finds it) and two modules with one handle compute
+    the same product (either serves)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for t in (weight, bias):
+        if t is not None:
+            digest.update(str((tuple(t.shape), t.dtype)).encode())
+            digest.update(t.detach().contiguous().view(torch.uint8).numpy().data)
+    handle = int.from_bytes(digest.digest(), "little") >> 1  # an int64 argument of the custom op
+    refs = [r for r in _PACKED.get(handle, []) if r() is not None]
+    _PACKED[handle] = refs + [weakref.ref(module)]
     return handle
 
 
-_HANDLES = itertools.count()
+def _holder(handle: int):
+    for ref in _PACKED.get(handle, []):
+        module = ref()
+        if module is not None:
+            return module
+    raise KeyError(f"no live module holds the prepacked weight {handle}")
+
 
 if POINTWISE:
     @torch.library.custom_op("otm::packed_linear", mutates_args=())
     def _packed_linear(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
         """oneDNN's inner product on the prepacked weight of module ``handle`` (its ``packed`` and ``dense_bias``):
         one opaque call in a compiled graph (dynamo cannot hold oneDNN's packed tensor), the eager path's call."""
-        m = _PACKED[handle]
+        m = _holder(handle)
         return torch.ops.mkldnn._linear_pointwise(x, m.packed, m.dense_bias, "none", [], "")
 
     @_packed_linear.register_fake
@@ -89,7 +104,7 @@ class OneDnnLinear(torch.nn.Module):
             self.dense_bias = None if linear.bias is None else linear.bias.detach()
             if POINTWISE:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-                self.handle = _register(self)
+                self.handle = _register(self, w, self.dense_bias)
             else:
                 self.packed = w.to_mkldnn()
                 self.packed_bias = None if self.dense_bias is None else self.dense_bias.to_mkldnn()
@@ -136,7 +151,7 @@ class FusedLinear(torch.nn.Module):
     ``F.linear`` on their dense weight. The dense weight and bias stay, as in :class:`OneDnnLinear`."""
 
     def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall, total: int,
-                 handle: int | None = None):
+                 handle: int | None = None, packed_from: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
@@ -144,7 +159,7 @@ class FusedLinear(torch.nn.Module):
         self.packed, self.fused_bias, self.last = packed, bias, last
         # the group's GEMM in a compiled graph (_packed_linear): one handle for the group, the first sibling's
         self.dense_bias, self.total = bias, total
-        self.handle = _register(self) if handle is None else handle
+        self.handle = _register(self, packed_from, bias) if handle is None else handle
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and x.dtype == self.weight.dtype and x.device.type == "cpu":
@@ -179,12 +194,13 @@ def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
            or (m.bias is None) != (first.bias is None) for m in linears):
         return []
     with torch.no_grad():
-        packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]), None)
+        stacked = torch.cat([m.weight.detach() for m in linears])
+        packed = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
     last, lo, out = LastCall(), 0, []
     total, handle = sum(m.out_features for m in linears), None
     for name, m in zip(names, linears):
-        fused = FusedLinear(m, lo, packed, bias, last, total, handle)
+        fused = FusedLinear(m, lo, packed, bias, last, total, handle, stacked)
         handle = fused.handle
         setattr(parent, name, fused)
         out.append((name, m))
