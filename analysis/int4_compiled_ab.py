@@ -1,0 +1,67 @@
+"""The embedded target on its GGUF's 4-bit blocks, eager (``--compile int4``) against the compiled static step
+(``--compile int4-compiled``): T(n), a decoder call on n positions after a context, calls interleaved, medians.
+
+One swapped copy of the target serves both: a :class:`~otm.decode.runner.Runner` (transformers' growing cache) and a
+:class:`~otm.decode.static.StaticRunner` compiled by inductor (the decoder's static step: 512 cache slots, one graph per
+size; the first run compiles, about 27 s a size on 2 cores, later processes trace again, 15-17 s a size).
+
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python analysis/int4_compiled_ab.py [--context 66] [--rounds 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+SIZES = (1, 2, 3, 5)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=66, help="context tokens before the call (default 66)")
+    ap.add_argument("--rounds", type=int, default=25, help="interleaved rounds; the first 3 are not counted")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from otm.decode.allocator import keep_freed_memory
+    from otm.decode.models import load_pair
+    from otm.decode.onednn import for_choice
+    from otm.decode.runner import Runner
+    from otm.decode.static import StaticRunner
+    from otm.decode.tree import DraftTree, tree_inputs
+    from otm.machine import machine
+
+    keep_freed_memory()
+    print(machine().line("the GGUF's 4-bit blocks, eager against the compiled static step"))
+    target, _, tok = load_pair(dtype="bfloat16")
+    for_choice("int4-compiled", target)
+    context = tok("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"][: args.context]
+    with torch.inference_mode():
+        runners = {"eager": Runner(target, "target"),
+                   "compiled": StaticRunner(target, "target", capacity=512, buckets=SIZES, compile="default")}
+        for r in runners.values():
+            r.feed(context[:-1])
+        past = runners["eager"].length()
+        start = time.perf_counter()
+        runners["compiled"].warm()
+        print(f"compiled {len(SIZES)} sizes in {time.perf_counter() - start:.0f} s")
+        times: dict[tuple[str, int], list[float]] = {}
+        for round_ in range(args.rounds):
+            for n in SIZES:
+                tree = DraftTree.from_rows([context[-1:] * (n - 1)], context[-1]) if n > 1 else DraftTree.root_only(context[-1])
+                for name, r in runners.items():
+                    ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=r.dtype, device=r.device)
+                    start = time.perf_counter()
+                    r.forward(ids, positions, mask, keep=tree.size)
+                    if round_ >= 3:
+                        times.setdefault((name, n), []).append(1e3 * (time.perf_counter() - start))
+                    r.truncate(past)
+    for n in SIZES:
+        e, c = (statistics.median(times[(name, n)]) for name in ("eager", "compiled"))
+        print(f"T({n}) after {args.context} tokens, median ms: eager {e:.2f}, compiled {c:.2f} ({c / e:.2f})")
+
+
+if __name__ == "__main__":
+    main()
