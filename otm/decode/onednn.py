@@ -20,6 +20,11 @@ so exactness is untouched. Every contender of a bench (autoregressive, speculati
 The same swap fuses a module's sibling projections (:data:`otm.decode.siblings.SIBLINGS`: attention's q/k/v, a gated MLP's
 gate/up) into one GEMM (:class:`FusedLinear`) and runs Llama's RMSNorm as one ``F.rms_norm``: 3-6 % off a
 target call on the embedded pair (``analysis/onednn_fused_ab.py``; ``docs/decode.md``, "Siblings fused").
+
+Swapped models compile too (``--compile int4-compiled``, the static step): traced, a layer's product is one opaque
+custom op, ``otm::packed_linear``, naming its prepacked weight by a digest of the weight's content (dynamo cannot
+hold oneDNN's packed tensor), and fused siblings each ask for their group's product, which the frozen graph computes
+once.
 """
 
 from __future__ import annotations
