@@ -227,3 +227,26 @@ def test_a_compiled_cpu_call_runs_eager_attention_and_puts_the_setting_back(monk
             runner.feed([1, 2, 3])  # the prompt: eager, not compiled
             runner.forward(*runner.chain([4]))
         assert seen == ["sdpa", inside] and target.config._attn_implementation == "sdpa"
+
+
+def test_a_compiled_run_compiles_every_shape_before_its_first_step(monkeypatch, capsys):
+    """The run's clock and its streamed tokens start after compilation: every shape of the target and the draft is
+    compiled (and said) before the first step's tokens, none after; a second run compiles nothing."""
+    monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
+    target, draft = _llama(8), _llama(9)
+    prompt = list(range(1, 9))
+    torch._dynamo.reset()
+    before_first = []
+
+    def on_tokens(new):
+        if not before_first:
+            before_first.append(capsys.readouterr().err)
+
+    gen = speculative_decode(target, draft, prompt, k=2, length=2, verifier="kseq", max_new_tokens=16, seed=3,
+                             compile="default", on_tokens=on_tokens)
+    assert len(gen.tokens) == 16
+    assert "compiling the target's step" in before_first[0] and "compiling the draft's step" in before_first[0]
+    assert "compiling" not in capsys.readouterr().err
+    speculative_decode(target, draft, prompt, k=2, length=2, verifier="kseq", max_new_tokens=8, seed=4,
+                       compile="default")
+    assert "compiling" not in capsys.readouterr().err

@@ -167,6 +167,9 @@ class _Decoder:
             self.target, self.draft = static_runners(
                 target, draft, k=k, length=length, refeed=target_rollback == "refeed", compile=compile,
                 capacity=max_cache or prompt_length + max_new_tokens, features=self.features)
+            for runner in (self.target, self.draft):  # every shape compiled before the run: its clock and its
+                if runner is not None:  # live figures never include compilation (nothing when already compiled)
+                    runner.warm()
         else:
             self.target = Runner(target, "target")
             runner = FeatureRunner if self.features else Runner

@@ -353,15 +353,22 @@ class StaticRunner(Runner):
         committed context, then rolled back), so that no later call pays for compilation (benchmarks)."""
         if self.mode is None:
             return
+        if not self.cache.keys:  # the first forward allocates the cache's layers: an eager one (larger than every
+            self._placeholder(self.buckets[-1] + 1)  # bucket), so that no graph is traced through the allocation
         for Q in self.buckets:
             if Q < self.min_q or Q in self.shapes:
                 continue
-            used = self.cache.used
-            ids = torch.zeros((self.batch, Q), dtype=torch.int64, device=self.device)
-            positions = (used + torch.arange(Q, device=self.device))[None].expand(self.batch, Q)
-            with torch.inference_mode():
-                self._warm_call(ids, positions)
-            self.truncate(used)
+            self._placeholder(Q)
+
+    def _placeholder(self, Q: int) -> None:
+        """A forward of Q placeholder tokens after the committed context, then rolled back (not counted as a call)."""
+        used, calls, features = self.cache.used, self.calls, self.last_features
+        ids = torch.zeros((self.batch, Q), dtype=torch.int64, device=self.device)
+        positions = (used + torch.arange(Q, device=self.device))[None].expand(self.batch, Q)
+        with torch.inference_mode():
+            self._warm_call(ids, positions)
+        self.truncate(used)
+        self.calls, self.last_features = calls, features
 
     def _warm_call(self, ids, positions):
         self.forward(ids, positions)
