@@ -250,3 +250,24 @@ def test_a_compiled_run_compiles_every_shape_before_its_first_step(monkeypatch, 
     speculative_decode(target, draft, prompt, k=2, length=2, verifier="kseq", max_new_tokens=8, seed=4,
                        compile="default")
     assert "compiling" not in capsys.readouterr().err
+
+
+def test_transformers_compiled_generate_runs_eager_attention_as_ours_does(monkeypatch):
+    """The bench's ``hf generate`` row, compiled on the CPU, runs transformers' eager attention (as otm's compiled
+    step does: SDPA with the static mask is slow for one query there) and puts the model's setting back; eager, it
+    keeps SDPA."""
+    from otm.decode import bench
+    from otm.decode.sampling import Sampling
+
+    target = _llama(10)
+    target.config._attn_implementation = "sdpa"
+    seen = []
+
+    def generate(inp, **kwargs):
+        seen.append((target.config._attn_implementation, "compile_config" in kwargs))
+        return torch.cat([inp, inp[:, :2]], 1)
+
+    monkeypatch.setattr(target, "generate", generate)
+    for compile in ("none", "default"):
+        bench._hf_generate(target, [1, 2, 3], Sampling(), 2, None, 0, compile=compile)
+    assert seen == [("sdpa", False), ("eager", True)] and target.config._attn_implementation == "sdpa"

@@ -174,7 +174,12 @@ def _hf_generate(target, ids, sampling, max_new_tokens, eos, seed, compile: str 
     """transformers' own sampling loop, ``target.generate(do_sample=True)`` with the run's sampling and the run's
     step (:func:`hf_step_options`): (new tokens, target calls, 0, seconds); calls counted by a forward hook."""
     step = hf_step_options(compile, target, len(ids) + max_new_tokens)
-    return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed, step=step)
+    from .static import attention_configs, eager_attention
+
+    # compiled on the CPU: transformers' eager attention in its graph, as otm's compiled step runs it
+    compiled = "compile_config" in step and target.device.type == "cpu"
+    with eager_attention(attention_configs(target) if compiled else ()):
+        return _hf_assisted(target, None, ids, sampling, max_new_tokens, eos, seed, step=step)
 
 
 def _hf_assisted(target, draft, ids, sampling, max_new_tokens, eos, seed, step=None) -> tuple[int, int, int, float]:
@@ -476,7 +481,7 @@ def step_line(compile: str) -> str:
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "
-            "generate row (its StaticCache); its assisted row eager")
+            "generate row (its StaticCache; on a CPU both graphs with transformers' eager attention); its assisted row eager")
 
 
 def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max_new_tokens, n_prompts, seed,

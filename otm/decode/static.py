@@ -163,6 +163,33 @@ def _inductor_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
 
 
+def attention_configs(model) -> tuple:
+    """The distinct configurations of ``model``'s modules that choose an attention implementation."""
+    seen: dict[int, object] = {}
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_attn_implementation"):
+            seen.setdefault(id(c), c)
+    return tuple(seen.values())
+
+
+@contextlib.contextmanager
+def eager_attention(configs):
+    """Within: transformers' eager attention (matmuls, softmax: inductor fuses them) for ``configs``
+    (:func:`attention_configs`), instead of SDPA, whose CPU kernel with a static cache's additive mask took 0.45 ms a
+    layer for one query over 512 slots (the embedded target, 13 ms of a 30-layer call). A compiled call on the CPU
+    runs in it (otm's static step, and transformers' compiled ``generate`` in the bench); the settings are put back
+    after, so the eager contenders of a run keep theirs."""
+    before = [c._attn_implementation for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation = "eager"
+        yield
+    finally:
+        for c, b in zip(configs, before):
+            c._attn_implementation = b
+
+
 class StaticRunner(Runner):
     """A causal LM over a :class:`SlotCache`: forwards padded to fixed sizes, optionally compiled.
 
@@ -292,31 +319,13 @@ class StaticRunner(Runner):
     def _call_inputs(self, ids, positions, mask, extra, **inputs):
         raise NotImplementedError
 
-    @contextlib.contextmanager
     def _attention(self, compiled: bool):
-        """A compiled call on the CPU runs transformers' eager attention (matmuls, softmax: inductor fuses them)
-        instead of SDPA, whose CPU kernel with the static cache's mask took 0.45 ms a layer for one query over 512
-        slots (the embedded target, 13 ms a call of 30 layers); the models' settings are put back after the call, so
-        the eager contenders of a run keep theirs."""
-        configs = self._attention_configs if compiled and self.device.type == "cpu" else ()
-        before = [c._attn_implementation for c in configs]
-        try:
-            for c in configs:
-                c._attn_implementation = "eager"
-            yield
-        finally:
-            for c, b in zip(configs, before):
-                c._attn_implementation = b
+        """A compiled call on the CPU runs transformers' eager attention (:func:`eager_attention`)."""
+        return eager_attention(self._attention_configs if compiled and self.device.type == "cpu" else ())
 
     @functools.cached_property
     def _attention_configs(self) -> tuple:
-        """The distinct configurations of the model's modules that choose an attention implementation."""
-        seen: dict[int, object] = {}
-        for m in self.model.modules():
-            c = getattr(m, "config", None)
-            if c is not None and hasattr(c, "_attn_implementation"):
-                seen.setdefault(id(c), c)
-        return tuple(seen.values())
+        return attention_configs(self.model)
 
     def visible(self, used: int, q: int, mask: torch.Tensor | None) -> torch.Tensor:
         """``[q, capacity]`` bool: the slots each of the q new tokens may attend to -- the committed
@@ -455,4 +464,4 @@ def static_runners(target, draft, *, k: int, length: int, refeed: bool, compile,
     return t, d
 
 
-__all__ = ["COMPILE_MODES", "MIN_ROWS", "SlotCache", "StaticFeatureRunner", "StaticRunner", "buckets_for", "capacity_for", "slot_cache", "static_runners", "warm_all"]
+__all__ = ["COMPILE_MODES", "MIN_ROWS", "SlotCache", "attention_configs", "eager_attention", "StaticFeatureRunner", "StaticRunner", "buckets_for", "capacity_for", "slot_cache", "static_runners", "warm_all"]
