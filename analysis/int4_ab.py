@@ -23,6 +23,27 @@ PROMPTS = ("Write a short story about a lighthouse keeper.", "Explain how vaccin
            "What are good habits for studying?")
 
 
+def interleaved_calls(runners: dict, context: list[int], sizes, rounds: int) -> dict[tuple[str, int], list[float]]:
+    """ms of each runner's call on n positions (a chain after ``context``, whose last token is the root; every
+    runner already fed ``context[:-1]``), the runners' calls interleaved round by round, the first 3 rounds not
+    counted: ``{(name, n): [ms, ...]}``."""
+    from otm.decode.tree import DraftTree, tree_inputs
+
+    times: dict[tuple[str, int], list[float]] = {}
+    past = next(iter(runners.values())).length()
+    for round_ in range(rounds):
+        for n in sizes:
+            tree = DraftTree.from_rows([context[-1:] * (n - 1)], context[-1]) if n > 1 else DraftTree.root_only(context[-1])
+            for name, r in runners.items():
+                ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=r.dtype, device=r.device)
+                start = time.perf_counter()
+                r.forward(ids, positions, mask, keep=tree.size)
+                if round_ >= 3:
+                    times.setdefault((name, n), []).append(1e3 * (time.perf_counter() - start))
+                r.truncate(past)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -34,7 +55,6 @@ def main() -> None:
     from otm.decode.models import load_pair
     from otm.decode.onednn import use_onednn
     from otm.decode.runner import Runner
-    from otm.decode.tree import DraftTree, tree_inputs
     from otm.machine import machine
 
     keep_freed_memory()
@@ -48,22 +68,11 @@ def main() -> None:
     use_onednn(dense)
     use_onednn(four)  # the head and norms as --compile int4 runs them
     context = tok("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"][:200]
-    times: dict[tuple[str, int], list[float]] = {}
     with torch.inference_mode():
         runners = {"oneDNN bfloat16": Runner(dense, "target"), "4-bit blocks": Runner(four, "target")}
         for r in runners.values():
             r.feed(context[:-1])
-        past = runners["4-bit blocks"].length()
-        for round_ in range(args.rounds):
-            for n in (1, 3, 5, 9):
-                for name, r in runners.items():
-                    tree = DraftTree.from_rows([context[-1:] * (n - 1)], context[-1]) if n > 1 else DraftTree.root_only(context[-1])
-                    ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=r.dtype, device=r.device)
-                    start = time.perf_counter()
-                    r.forward(ids, positions, mask, keep=tree.size)
-                    if round_ >= 3:
-                        times.setdefault((name, n), []).append(1e3 * (time.perf_counter() - start))
-                    r.truncate(past)
+        times = interleaved_calls(runners, context, (1, 3, 5, 9), args.rounds)
     for n in (1, 3, 5, 9):
         print(f"T({n}) median ms: " + ", ".join(f"{name} {statistics.median(times[(name, n)]):.2f}" for name in runners))
     torch.manual_seed(0)

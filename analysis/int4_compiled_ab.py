@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from analysis.int4_ab import interleaved_calls
+
 SIZES = (1, 2, 3, 5)
 
 
@@ -30,7 +32,6 @@ def main() -> None:
     from otm.decode.onednn import for_choice
     from otm.decode.runner import Runner
     from otm.decode.static import StaticRunner
-    from otm.decode.tree import DraftTree, tree_inputs
     from otm.machine import machine
 
     keep_freed_memory()
@@ -43,21 +44,10 @@ def main() -> None:
                    "compiled": StaticRunner(target, "target", capacity=512, buckets=SIZES, compile="default")}
         for r in runners.values():
             r.feed(context[:-1])
-        past = runners["eager"].length()
         start = time.perf_counter()
         runners["compiled"].warm()
         print(f"compiled {len(SIZES)} sizes in {time.perf_counter() - start:.0f} s")
-        times: dict[tuple[str, int], list[float]] = {}
-        for round_ in range(args.rounds):
-            for n in SIZES:
-                tree = DraftTree.from_rows([context[-1:] * (n - 1)], context[-1]) if n > 1 else DraftTree.root_only(context[-1])
-                for name, r in runners.items():
-                    ids, positions, mask = tree_inputs(tree, context[-1:], past, dtype=r.dtype, device=r.device)
-                    start = time.perf_counter()
-                    r.forward(ids, positions, mask, keep=tree.size)
-                    if round_ >= 3:
-                        times.setdefault((name, n), []).append(1e3 * (time.perf_counter() - start))
-                    r.truncate(past)
+        times = interleaved_calls(runners, context, SIZES, args.rounds)
     for n in SIZES:
         e, c = (statistics.median(times[(name, n)]) for name in ("eager", "compiled"))
         print(f"T({n}) after {args.context} tokens, median ms: eager {e:.2f}, compiled {c:.2f} ({c / e:.2f})")
