@@ -140,20 +140,21 @@ class Int4Linear(torch.nn.Module):
         self.packed, self.scale_zero, self.last = packed, scale_zero, last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # traced: each sibling asks for the group's GEMM, one call after CSE
-            shape = x.shape
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed,
-                                                            GROUP, self.scale_zero)
-            return out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)[..., self.lo : self.hi]
+        if torch.compiler.is_compiling():  # traced: each sibling asks for the group's GEMM, computed once by the graph
+            return self._group(x)[..., self.lo : self.hi]
         last = self.last
         if last.x is not x:
-            shape = x.shape
-            flat = x.reshape(-1, shape[-1])
-            if flat.dtype != torch.bfloat16:
-                flat = flat.to(torch.bfloat16)
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
-            last.x, last.out = x, out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
+            last.x, last.out = x, self._group(x)
         return last.out[..., self.lo : self.hi]
+
+    def _group(self, x: torch.Tensor) -> torch.Tensor:
+        """Every sibling's columns for ``x``: the group's GEMM, bfloat16 in, ``x``'s dtype out."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        if flat.dtype != torch.bfloat16:
+            flat = flat.to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
+        return out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
 
     def extra_repr(self) -> str:
         total = self.packed.shape[0]

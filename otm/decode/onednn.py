@@ -54,19 +54,21 @@ _PACKED: dict[int, list] = {}
 modules holding them, weakly (an undone swap frees its weights)."""
 
 
-def _register(module, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
-    """The handle of ``module``'s prepacked product: a digest of its dense weight and bias, so that a graph names
-    the same handle in every process (inductor's kernel cache then finds it) and two modules with one handle compute
-    the same product (either serves)."""
+def _digest(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The handle of a prepacked product: a digest of its dense weight and bias, so that a graph names the same handle
+    in every process (inductor's kernel cache then finds it) and two modules with one handle compute the same product
+    (either serves)."""
     digest = hashlib.blake2b(digest_size=8)
     for t in (weight, bias):
         if t is not None:
             digest.update(str((tuple(t.shape), t.dtype)).encode())
             digest.update(t.detach().contiguous().view(torch.uint8).numpy().data)
-    handle = int.from_bytes(digest.digest(), "little") >> 1  # an int64 argument of the custom op
-    refs = [r for r in _PACKED.get(handle, []) if r() is not None]
-    _PACKED[handle] = refs + [weakref.ref(module)]
-    return handle
+    return int.from_bytes(digest.digest(), "little") >> 1  # an int64 argument of the custom op
+
+
+def _hold(handle: int, module) -> None:
+    """``module`` (its ``packed`` and ``dense_bias``) serves ``handle`` while it lives."""
+    _PACKED[handle] = [r for r in _PACKED.get(handle, []) if r() is not None] + [weakref.ref(module)]
 
 
 def _holder(handle: int):
@@ -109,7 +111,8 @@ class OneDnnLinear(torch.nn.Module):
             self.dense_bias = None if linear.bias is None else linear.bias.detach()
             if POINTWISE:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-                self.handle = _register(self, w, self.dense_bias)
+                self.handle = _digest(w, self.dense_bias)
+                _hold(self.handle, self)
             else:
                 self.packed = w.to_mkldnn()
                 self.packed_bias = None if self.dense_bias is None else self.dense_bias.to_mkldnn()
@@ -155,23 +158,21 @@ class FusedLinear(torch.nn.Module):
     very same input tensor (``is``, as attention and a gated MLP call them), else compute their own by torch's
     ``F.linear`` on their dense weight. The dense weight and bias stay, as in :class:`OneDnnLinear`."""
 
-    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall, total: int,
-                 handle: int | None = None, packed_from: torch.Tensor | None = None):
+    def __init__(self, linear: torch.nn.Linear, lo: int, packed, bias, last: LastCall, total: int, handle: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.lo, self.hi = lo, lo + linear.out_features
-        self.packed, self.fused_bias, self.last = packed, bias, last
-        # the group's GEMM in a compiled graph (_packed_linear): one handle for the group, the first sibling's
-        self.dense_bias, self.total = bias, total
-        self.handle = _register(self, packed_from, bias) if handle is None else handle
+        self.packed, self.dense_bias, self.last = packed, bias, last  # the group's, shared by the siblings
+        self.total, self.handle = total, handle  # the group's GEMM in a compiled graph (_packed_linear)
+        _hold(handle, self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and x.dtype == self.weight.dtype and x.device.type == "cpu":
             # traced: each sibling asks for the group's GEMM (one opaque call after the graph's CSE)
             return _packed_linear(x, self.handle, self.total)[..., self.lo : self.hi]
         if self.lo == 0 and x.dtype == self.weight.dtype and x.device.type == "cpu":
-            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.fused_bias, "none", [], "")
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.dense_bias, "none", [], "")
             self.last.x, self.last.out = x, out
             return out[..., : self.hi]
         if self.lo and self.last.x is x:
@@ -203,11 +204,9 @@ def _fuse(parent, names, swap) -> list[tuple[str, torch.nn.Module]]:
         packed = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
         bias = None if first.bias is None else torch.cat([m.bias.detach() for m in linears])
     last, lo, out = LastCall(), 0, []
-    total, handle = sum(m.out_features for m in linears), None
+    total, handle = sum(m.out_features for m in linears), _digest(stacked, bias)
     for name, m in zip(names, linears):
-        fused = FusedLinear(m, lo, packed, bias, last, total, handle, stacked)
-        handle = fused.handle
-        setattr(parent, name, fused)
+        setattr(parent, name, FusedLinear(m, lo, packed, bias, last, total, handle))
         out.append((name, m))
         lo += m.out_features
     return out

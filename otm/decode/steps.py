@@ -18,14 +18,15 @@ step, linear layers on oneDNN), int4 (as onednn, the target's block layers on it
 int4-compiled (int4's models, the static-shape step compiled), static (the static-shape step, eager kernels), or
 a torch.compile mode."""
 
-SWAPS = ("onednn", "int4", "int4-compiled")
-"""The choices that swap the models' modules before the run (:func:`otm.decode.onednn.for_choice`)."""
-
-EAGER = ("none", "onednn", "int4")
-"""The choices whose step is the eager one (transformers' growing caches): nothing compiled."""
-
 STEP = {"onednn": "none", "int4": "none", "int4-compiled": "default"}
-"""The step a swapping choice runs its swapped models in: the eager one, or the static step compiled in that mode."""
+"""The choices that swap the models' modules before the run (:func:`otm.decode.onednn.for_choice`), and the step
+each runs its swapped models in: the eager one, or the static step compiled in that mode."""
+
+SWAPS = tuple(STEP)
+"""The choices that swap the models' modules before the run."""
+
+EAGER = ("none",) + tuple(c for c, step in STEP.items() if step == "none")
+"""The choices whose step is the eager one (transformers' growing caches): nothing compiled."""
 
 
 def step_of(choice: str) -> str:
