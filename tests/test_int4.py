@@ -296,7 +296,7 @@ def test_a_sibling_called_with_another_input_computes_its_own_columns_and_a_stal
         assert _tv(model(ids2).logits, dense2) > 0.5
 
 
-def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path):
+def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path, monkeypatch):
     """``--compile int4-compiled``: the static step compiled by inductor (with freezing, as it runs) over the swapped
     target. Traced, each sibling asks for its group's GEMM and the graph computes it once (4 GEMMs a layer: q/k/v, o,
     gate/up, down; 7 if the siblings were not merged), the head stays one opaque oneDNN call where oneDNN takes the
@@ -328,3 +328,20 @@ def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path)
         assert calls.get("otm::packed_linear") == 1  # the head
     assert torch.equal(again, got)
     assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+    real_tv = _tv(got, want)
+    # the planted wrong row: traced, the values take the keys' columns of the group (both kv-head wide)
+    plain = int4.Int4Linear.forward
+
+    def keys_for_values(self, x):
+        if torch.compiler.is_compiling() and self.hi == self.packed.shape[0] and self.lo > self.out_features:  # v_proj
+            return self._group(x)[..., self.lo - self.out_features : self.lo]
+        return plain(self, x)
+
+    monkeypatch.setattr(int4.Int4Linear, "forward", keys_for_values)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        planted = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="default", progress=None)
+        planted.feed(prompt)
+        bad = planted.forward(*planted.chain([7]))[0, -1]
+    bad_tv = _tv(bad, want)  # measured: compiled 0.0165 (bfloat16 rounding), with the wrong row 0.33
+    assert (bad.float() - want.float()).abs().max() > 0.02 * want.float().abs().max() and bad_tv > 10 * real_tv
