@@ -345,3 +345,129 @@ def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path,
         bad = planted.forward(*planted.chain([7]))[0, -1]
     bad_tv = _tv(bad, want)  # measured: compiled 0.0165 (bfloat16 rounding), with the wrong row 0.33
     assert (bad.float() - want.float()).abs().max() > 0.02 * want.float().abs().max() and bad_tv > 10 * real_tv
+
+
+_LOAD_IN_ANOTHER_PROCESS = r"""
+import io, sys, torch
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from tests.test_int4 import _tiny_target
+from otm.decode import int4
+from otm.decode.onednn import use_onednn
+from otm.decode.static import StaticRunner
+Path(sys.argv[2]).mkdir()
+model, _ = _tiny_target(Path(sys.argv[2]))
+int4.use_int4(model)
+use_onednn(model)
+said = io.StringIO()
+with torch.inference_mode():
+    runner = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="precompiled", progress=said)
+    runner.feed([3, 9, 27, 1, 44, 5])
+    logits = runner.forward(*runner.chain([7]))[0, -1]
+torch.save(logits, sys.argv[3])
+print(said.getvalue())
+"""
+
+
+def _precompiled_runner(model, prompt, said):
+    from otm.decode.static import StaticRunner
+
+    runner = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="precompiled", progress=said)
+    runner.feed(prompt)
+    return runner
+
+
+def test_a_precompiled_step_is_saved_loaded_in_another_process_and_merges_the_siblings(tmp_path, monkeypatch):
+    """``--compile int4-compiled`` runs the static step compiled ahead of time (:mod:`otm.decode.precompile`): the
+    first runner compiles each shape and saves it in the user cache; a later one, here in another process, loads it
+    (no tracing: nothing compiled there) and gives the same logits bit for bit, which are the eager swapped model's
+    to bfloat16 rounding. The siblings' GEMMs are merged by otm's pass (4 a layer); the negative control, the same
+    graph without the pass, runs 7 a layer. A damaged file is said in one line and compiled again."""
+    import io
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.profiler import profile
+
+    from otm.decode import precompile
+    from otm.decode.onednn import dtypes, use_onednn
+    from otm.decode.runner import Runner
+
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))
+    model, _ = _tiny_target(tmp_path)
+    int4.use_int4(model)
+    use_onednn(model)
+    prompt = [3, 9, 27, 1, 44, 5]
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        eager = Runner(model, "target")
+        eager.feed(prompt)
+        want = eager.forward(*eager.chain([7]))[0, -1]
+        said = io.StringIO()
+        first = _precompiled_runner(model, prompt, said)
+        got = first.forward(*first.chain([7]))[0, -1]  # compiles, saves
+        first.truncate(len(prompt))
+        with profile() as p:
+            again = first.forward(*first.chain([7]))[0, -1]
+    assert "compiling the target's step for 1 position ahead of time" in said.getvalue()
+    saved = sorted(precompile.folder().glob("*.bin"))
+    assert len(saved) == 1 and saved[0].name.startswith("target-1-")
+    calls = {e.key: e.count for e in p.key_averages()}
+    assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * len(model.model.layers)
+    if torch.bfloat16 in dtypes():
+        assert calls.get("otm::packed_linear") == 1  # the head
+    assert torch.equal(again, got)
+    assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+
+    # another process loads the saved graph: nothing traced there, the same logits
+    out = tmp_path / "logits.pt"
+    root = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, "-c", _LOAD_IN_ANOTHER_PROCESS, root, str(tmp_path / "other"), str(out)],
+                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "loaded the target's step for 1 position" in run.stdout and "compiling" not in run.stdout
+    assert torch.equal(torch.load(out), got)
+
+    # a damaged file: said, compiled again, the same logits
+    saved[0].write_bytes(b"not a graph")
+    torch._dynamo.reset()
+    said = io.StringIO()
+    with torch.inference_mode():
+        third = _precompiled_runner(model, prompt, said)
+        assert torch.equal(third.forward(*third.chain([7]))[0, -1], got)
+    assert "did not load" in said.getvalue() and "compiling the target's step" in said.getvalue()
+
+    # negative control: without otm's pass the unfrozen graph asks for each sibling's group GEMM (7 a layer)
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "control"))
+    monkeypatch.setattr(precompile, "same_calls", lambda: None)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        control = _precompiled_runner(model, prompt, io.StringIO())
+        control.forward(*control.chain([7]))
+        control.truncate(len(prompt))
+        with profile() as p:
+            control.forward(*control.chain([7]))
+    calls = {e.key: e.count for e in p.key_averages()}
+    assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 7 * len(model.model.layers)
+
+
+def test_merge_same_calls_merges_pure_repeats_only():
+    """The pass merges a repeated pure call (same operator, same arguments), never a mutating or a random one."""
+    from otm.decode.precompile import merge_same_calls
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.ops.aten.mul.Tensor, (x, x))
+    b = g.call_function(torch.ops.aten.mul.Tensor, (x, x))  # a repeat: merged
+    c = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))  # other arguments: kept
+    r1 = g.call_function(torch.ops.aten.rand_like.default, (x,))
+    r2 = g.call_function(torch.ops.aten.rand_like.default, (x,))  # random: kept
+    m = g.call_function(torch.ops.aten.add_.Tensor, (x, a))
+    m2 = g.call_function(torch.ops.aten.add_.Tensor, (x, a))  # mutating: kept
+    g.output((a, b, c, r1, r2, m, m2))
+    assert merge_same_calls(g) == 1
+    targets = [n.target for n in g.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.mul.Tensor) == 2 and targets.count(torch.ops.aten.rand_like.default) == 2
+    assert targets.count(torch.ops.aten.add_.Tensor) == 2
+    assert list(g.nodes)[-1].args[0][1] is a  # the repeat's uses go to the first call

@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .steps import EAGER, SWAPS, step_of
+from .steps import EAGER, PRECOMPILED, SWAPS, step_of
 
 PROMPTS = (
     "Write a short story about a robot who learns to paint.",
@@ -155,6 +155,8 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
     by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
     rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
     compile = step_of(compile)  # onednn, int4(-compiled): the models themselves are swapped
+    if compile == PRECOMPILED:  # otm's own ahead-of-time graphs: transformers' loop compiles its forward itself
+        compile = "default"
     if compile == "none":  # generate's loop is eager
         return {}
     from transformers import StaticCache
@@ -474,10 +476,11 @@ def step_line(compile: str) -> str:
                 "scales, zeros and the layers' inputs in bfloat16), every other linear layer on oneDNN's prepacked GEMM, siblings and "
                 "RMSNorms fused (no compilation), for every row, transformers' included")
     if compile == "int4-compiled":
-        return ("static-shape step compiled by torch.compile (mode default, inductor), the target's block layers on its "
-                "GGUF's own 4-bit weights, every other linear layer on oneDNN's prepacked GEMM (one opaque call each in "
-                "the graph), transformers' eager attention in the graph; transformers' generate row with its StaticCache "
-                "compiled the same way, its assisted row eager")
+        return ("static-shape step compiled ahead of time by inductor (one graph per shape, saved in the user cache and "
+                "loaded by later runs, called without dynamo's guards), the target's block layers on its GGUF's own 4-bit "
+                "weights, every other linear layer on oneDNN's prepacked GEMM (one opaque call each in the graph), "
+                "transformers' eager attention in the graph; transformers' generate row with its StaticCache compiled by "
+                "torch.compile (mode default, same attention), its assisted row eager")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,6 +41,13 @@ from ..laws import OtmError
 
 FEATURE_DRAFT_KEY = "otm_feature_draft"
 """config.json key (value 1) of a draft that reads the target's features (:class:`FeatureDraft`)."""
+
+
+class DraftOutput(NamedTuple):
+    """What :meth:`FeatureDraft.forward` returns (a named tuple: a whole-graph trace can build it)."""
+
+    hidden: torch.Tensor  # [b, q, H]
+    past_key_values: Any
 
 
 class FeatureDraft(torch.nn.Module):
@@ -94,7 +101,7 @@ class FeatureDraft(torch.nn.Module):
         ``features [b, q, H]``: at element j the target's feature at the previous position (or
         the draft's own guess of it). ``attention_mask``: none (causal), or a prepared 4D boolean
         mask ``[b, 1, q, cache + q]`` (True = attends), as training-time test uses
-        (``analysis/lab/train_draft.py``). Returns ``SimpleNamespace(hidden, past_key_values)``.
+        (``analysis/lab/train_draft.py``). Returns :class:`DraftOutput` ``(hidden, past_key_values)``.
         """
         emb = torch.nn.functional.embedding(input_ids, self.embedding)
         z = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
@@ -103,7 +110,7 @@ class FeatureDraft(torch.nn.Module):
         extra = {} if attention_mask is None else {"attention_mask": attention_mask}
         out = self.model(inputs_embeds=z, position_ids=position_ids, use_cache=use_cache,
                          **{self.cache_kw: past_key_values}, **extra)
-        return SimpleNamespace(hidden=out.last_hidden_state, past_key_values=returned_cache(out))
+        return DraftOutput(out.last_hidden_state, returned_cache(out))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``[..., V]`` from hidden states (the target's head; restricted to the draft

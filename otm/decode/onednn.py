@@ -29,8 +29,8 @@ once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import types
 import weakref
 
 import torch
@@ -254,7 +254,7 @@ def use_onednn(*models, fuse: bool = True):
             for names in SIBLINGS if fuse else ():
                 swapped.extend((parent, name, m) for name, m in _fuse(parent, names, swap))
             if fuse and _llama_rms_norm(parent) and parent.weight.device.type == "cpu" and parent.weight.dtype in swap:
-                parent.forward = types.MethodType(_rms_norm_forward, parent)
+                parent.forward = functools.partial(_rms_norm_forward, parent)  # picklable (a saved graph's state)
                 norms.append(parent)
             for name, child in list(parent.named_children()):
                 if _swappable(child, swap):

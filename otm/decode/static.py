@@ -41,6 +41,7 @@ import torch
 
 from ..laws import OtmError
 from .runner import Runner
+from .steps import PRECOMPILED
 
 MIN_ROWS = 1
 """Fewest rows (batch x positions) a compiled forward takes on the CPU. It was 3 while the compiled graph ran
@@ -82,7 +83,7 @@ def _slot_cache_class():
     if _CLASS is not None:
         return _CLASS
 
-    class _SlotCache(_cache_base(), SlotCache):
+    class _SlotCache(_cache_base(), SlotCache):  # named at module level below: a saved graph's state refers to it
         def __init__(self, capacity: int, batch: int):
             super().__init__(layers=[])
             self.capacity, self.batch = int(capacity), int(batch)
@@ -136,7 +137,8 @@ def _slot_cache_class():
                     t[:, :, dst] = t.index_select(2, src)  # gathered before the write
             self.used = length + len(path)
 
-    _CLASS = _SlotCache
+    _SlotCache.__module__, _SlotCache.__qualname__ = __name__, "_SlotCache"
+    globals()["_SlotCache"] = _CLASS = _SlotCache
     return _CLASS
 
 
@@ -211,8 +213,11 @@ class StaticRunner(Runner):
         super().__init__(model, role)
         self.with_features = with_features
         self.last_features = None
-        if compile is not None and compile not in COMPILE_MODES:
-            raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+        if compile is not None and compile not in COMPILE_MODES + (PRECOMPILED,):
+            raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES + (PRECOMPILED,))}, got {compile!r}")
+        if compile == PRECOMPILED and self.device.type != "cpu":
+            raise OtmError(f"the precompiled static step runs on the CPU, not on {self.device}: use a torch.compile mode "
+                           "(reduce-overhead on a GPU)")
         self.cache = slot_cache(capacity, batch)
         self.batch, self.capacity = int(batch), int(capacity)
         compiled_cpu = compile is not None and self.device.type == "cpu"
@@ -295,7 +300,10 @@ class StaticRunner(Runner):
         extra = {"logits_to_keep": keep} if keep and self.keeps_logits and not compiled and not inputs else {}
         fn = self._call_inputs if inputs else self._call
         first = compiled and Q not in self.shapes
-        if compiled:
+        if compiled and self.mode == PRECOMPILED:
+            fn = self._precompiled(fn, Q, (ids, positions, full.to(self.device), extra), inputs)
+            first = False
+        elif compiled:
             fn = self._compiled(fn)
             if first:
                 self._say(f"compiling the {self.role}'s step for {Q} position{'s' if Q > 1 else ''} "
@@ -318,6 +326,20 @@ class StaticRunner(Runner):
 
     def _call_inputs(self, ids, positions, mask, extra, **inputs):
         raise NotImplementedError
+
+    def _precompiled(self, fn, Q: int, args: tuple, kwargs: dict):
+        """Bucket ``Q``'s ahead-of-time graph (:mod:`otm.decode.precompile`), loaded or compiled on first use."""
+        from .precompile import Precompiled, graphs_of
+
+        graphs = graphs_of(self)  # kept outside the runner: a graph's saved state holds the runner, not its graphs
+        graph = graphs.get(Q)
+        if graph is None:
+            _inductor_cache()
+            with self._attention(True):
+                graph = graphs[Q] = Precompiled(fn, self, Q, args, kwargs, self._say)
+            self.shapes.add(Q)
+            self.compile_seconds += graph.seconds
+        return graph
 
     def _attention(self, compiled: bool):
         """A compiled call on the CPU runs transformers' eager attention (:func:`eager_attention`)."""

@@ -18,9 +18,14 @@ step, linear layers on oneDNN), int4 (as onednn, the target's block layers on it
 int4-compiled (int4's models, the static-shape step compiled), static (the static-shape step, eager kernels), or
 a torch.compile mode."""
 
-STEP = {"onednn": "none", "int4": "none", "int4-compiled": "default"}
+PRECOMPILED = "precompiled"
+"""The static step compiled ahead of time on the CPU, each shape's graph saved in the user cache and loaded by later
+runs, called without dynamo (:mod:`otm.decode.precompile`): the step of ``int4-compiled``."""
+
+STEP = {"onednn": "none", "int4": "none", "int4-compiled": PRECOMPILED}
 """The choices that swap the models' modules before the run (:func:`otm.decode.onednn.for_choice`), and the step
-each runs its swapped models in: the eager one, or the static step compiled in that mode."""
+each runs its swapped models in: the eager one, or the static step compiled ahead of time (``precompiled``:
+:mod:`otm.decode.precompile`, its graphs saved in the user cache)."""
 
 SWAPS = tuple(STEP)
 """The choices that swap the models' modules before the run."""
@@ -30,7 +35,7 @@ EAGER = ("none",) + tuple(c for c, step in STEP.items() if step == "none")
 
 
 def step_of(choice: str) -> str:
-    """The choice of the step itself: ``none`` for onednn and int4, ``default`` for int4-compiled, else ``choice``."""
+    """The choice of the step itself: ``none`` for onednn and int4, ``precompiled`` for int4-compiled, else ``choice``."""
     return STEP.get(choice, choice)
 
 
@@ -44,4 +49,4 @@ def compile_options(choice: str) -> dict:
     return {"static": True} if choice == "static" else {"compile": choice}
 
 
-__all__ = ["COMPILE_CHOICES", "EAGER", "STEP", "SWAPS", "compile_options", "step_of"]
+__all__ = ["COMPILE_CHOICES", "EAGER", "PRECOMPILED", "STEP", "SWAPS", "compile_options", "step_of"]
