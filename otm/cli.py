@@ -327,7 +327,7 @@ def _demo_decode(args) -> int:
 
     import torch
 
-    from .decode.auto import plan
+    from .decode.auto import COMPILED, plan
     from .decode.bench import PROMPTS, best_speculative, encode_prompt, measure_costs, run_bench
     from .decode.draft_vocab import DEFAULT_DRAFT_VOCAB
     from .decode.models import load_pair, resolve_dtype
@@ -369,8 +369,11 @@ def _demo_decode(args) -> int:
     # blocks) with the tree, by predicted tokens/s (otm.decode.auto)
     steps = eager_steps(target) if args.compile == "auto" and compile in EAGER else [compile]
     print("measuring the costs and the acceptance by depth ...", flush=True)
+    # the winner on the eager 4-bit blocks is timed on their compiled step too (otm.decode.precompile: its graphs
+    # compiled once, about 20 s a shape, and loaded by later runs in about a second)
+    refine = [COMPILED[s] for s in steps if s in COMPILED]
     chosen = plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"], sampling=sampling,
-                  compiles=steps)
+                  compiles=steps, refine=refine)
     print(chosen.line(), flush=True)
     compile = chosen.compile
     best = chosen.best

@@ -271,3 +271,17 @@ def test_transformers_compiled_generate_runs_eager_attention_as_ours_does(monkey
     for compile in ("none", "default"):
         bench._hf_generate(target, [1, 2, 3], Sampling(), 2, None, 0, compile=compile)
     assert seen == [("sdpa", False), ("eager", True)] and target.config._attn_implementation == "sdpa"
+
+
+def test_warm_all_warms_the_runners_of_the_run_s_mode_only(monkeypatch):
+    """A run warms the pooled runners of its own step: the runners another step left in the pool (the compile
+    decision's ``default`` ones, beside the run's ``precompiled`` ones) compiled shapes nobody called."""
+    target = _llama(0)
+    warmed = []
+    monkeypatch.setattr(static.StaticRunner, "warm", lambda self: warmed.append(self.mode))
+    for mode in ("default", "precompiled"):
+        static.static_runners(target, None, k=1, length=1, refeed=False, compile=mode, capacity=32, features=False)
+    static.warm_all(target, mode="precompiled")
+    assert warmed == ["precompiled"]
+    static.warm_all(target)
+    assert sorted(warmed[1:]) == ["default", "precompiled"]

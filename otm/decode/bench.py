@@ -533,13 +533,13 @@ def run_bench(target, draft, tokenizer, *, ks, lengths, verifiers, sampling, max
     if compile not in EAGER + ("static",):  # every compiled shape now, so that no row's time includes compilation
         from .static import warm_all
 
-        warm_all(target, draft)
+        warm_all(target, draft, mode=step_of(compile))
     costs = measure_costs(target, draft, (prompts[0] * 2)[: len(prompts[0]) + max_new_tokens // 2],
                           [1] + [1 + c.delay + c.k * (c.length - c.delay) for c in ours],  # tree sizes
                           [1] + [c.k for c in ours], sampling=sampling,
                           prompt=prompts[0], compile=compile, capacity=max(map(len, prompts)) + max_new_tokens)
     if compile not in EAGER + ("static",):
-        warm_all(target, draft)  # the cost model's sizes
+        warm_all(target, draft, mode=step_of(compile))  # the cost model's sizes
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     bar = tqdm(total=len(rows) * len(prompts), disable=not progress, file=sys.stderr, desc="bench-decode", leave=False)
     for i, ids in enumerate(prompts):

@@ -318,12 +318,14 @@ def cmd_decode(args) -> int:
 
     eos = tokenizer.eos_token_id
     if auto:  # the tree, and (an eager step decided by the machine) how the step runs, by predicted tokens/s
-        from .auto import plan
+        from .auto import COMPILED, plan
 
         steps = eager_steps(target) if decided and args.compile in EAGER else [args.compile]
+        # a winner on the eager 4-bit blocks is timed on their compiled step too (its graphs saved once, then loaded)
+        refine = [COMPILED[s] for s in steps if s in COMPILED] if decided else []
         chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
                       lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
-                      scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps)
+                      scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps, refine=refine)
         print(chosen.line(), file=sys.stderr, flush=True)
         best = chosen.best
         args.autoregressive = best is None

@@ -454,11 +454,14 @@ def _pooled(model, key: tuple, buckets, make):
     return runner
 
 
-def warm_all(*models) -> None:
-    """:meth:`StaticRunner.warm` every pooled runner of ``models`` (their compiled steps, every bucket)."""
+def warm_all(*models, mode=None) -> None:
+    """:meth:`StaticRunner.warm` every pooled runner of ``models`` compiled in ``mode`` (their compiled steps, every
+    bucket); ``mode=None``: every mode. A run warms its own mode only: the runners another step left in the pool (the
+    compile decision's, say) would compile shapes nobody calls."""
     for model in models:
         for runner in (_POOL or {}).get(model, {}).values():
-            runner.warm()
+            if mode is None or runner.mode == mode:
+                runner.warm()
 
 
 def capacity_for(positions: int) -> int:
