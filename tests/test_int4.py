@@ -471,3 +471,24 @@ def test_merge_same_calls_merges_pure_repeats_only():
     assert targets.count(torch.ops.aten.mul.Tensor) == 2 and targets.count(torch.ops.aten.rand_like.default) == 2
     assert targets.count(torch.ops.aten.add_.Tensor) == 2
     assert list(g.nodes)[-1].args[0][1] is a  # the repeat's uses go to the first call
+
+
+def test_prune_removes_other_versions_graphs_once_unused(tmp_path, monkeypatch):
+    """Each version of the decoder's sources keeps its graphs in its own folder; saving a graph removes the folders
+    of other versions unused for a day, and keeps this one and recently used others."""
+    import os
+    import time
+
+    from otm.decode import precompile
+
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path))
+    here = precompile.folder()
+    old, recent = here.parent / ("0" * 16), here.parent / ("1" * 16)
+    for d in (here, old, recent):
+        d.mkdir(parents=True)
+        (d / "target-1-x.bin").write_bytes(b"graph")
+    now = time.time()
+    os.utime(old, (now - 2 * 86400, now - 2 * 86400))
+    os.utime(here, (now - 2 * 86400, now - 2 * 86400))  # the current version's folder is never removed
+    assert precompile.prune(now) == [old]
+    assert here.is_dir() and recent.is_dir() and not old.exists()

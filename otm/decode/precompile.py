@@ -19,12 +19,13 @@ Three things make the graph one that can be kept:
   identical calls of pure operators after AOTAutograd.
 * **No guards.** A loaded graph's guards would be checked at every call. The runner gives each shape's graph the
   tensors it was built for (shapes, dtypes and standard strides: :mod:`otm.decode.static` builds them), so the
-  graph runs with its guard check off, and :func:`call` checks the shapes itself.
+  graph runs with its guard check off, and :class:`Precompiled` checks the input's shape itself.
 
-What is saved is keyed (:func:`key`) by everything the graph depends on: torch's and transformers' versions, the
-machine line (CPU, flags, threads: inductor's code is generated for them), otm's decoder sources, the model's
-class, configuration, dtype and parameter shapes, the digests that name its prepacked oneDNN weights in the
-graph, and the runner's role, cache capacity, rows and forward size. The weights themselves are inputs, not part
+What is saved is keyed by everything the graph depends on: otm's decoder sources (a folder per version of them,
+:func:`folder`; another version's folder is removed once unused for a day, :func:`prune`), and in the file's name
+(:func:`key`) torch's and transformers' versions, the machine line (CPU, flags, threads: inductor's code is
+generated for them), the model's class, configuration, dtype and parameter shapes, the digests that name its
+prepacked oneDNN weights in the graph, and the runner's role, cache capacity, rows and forward size. The weights themselves are inputs, not part
 of the graph. A file that fails to load (another torch, a damaged file) is said in one line and compiled again.
 
 Measured on the embedded target (the 2-core AMD EPYC, avx512_bf16, torch 2.13.0+cpu, one thread, one position
@@ -34,9 +35,11 @@ after 66 tokens): 10.0 ms a call, against 12.2 ms for the frozen graph under dyn
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import shutil
 import time
 import weakref
 from pathlib import Path
@@ -141,7 +144,6 @@ def key(runner, size: int) -> str:
     parts = {
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": machine().line("precompiled"),
-        "otm": source_digest(Path(__file__).parent.glob("*.py")),
         "model": type(model).__qualname__, "config": config_text, "dtype": str(runner.dtype),
         "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
         "handles": handles,
@@ -171,9 +173,7 @@ class Precompiled:
     """One shape's graph for one runner, loaded from the user cache or compiled and saved there."""
 
     def __init__(self, fn, runner, size: int, args: tuple, kwargs: dict, say):
-        from .embedded import cache_dir
-
-        where = cache_dir() / FOLDER
+        where = folder()
         path = where / key(runner, size)
         self.runner, self.size, self.loaded = runner, int(size), False
         self.shape = tuple(args[0].shape)
@@ -184,6 +184,7 @@ class Precompiled:
                 with open(path, "rb") as f:
                     compiled = torch.compiler.load_compiled_function(f, external_data={"runner": runner})
                 self.loaded = True
+                os.utime(where)  # in use: not pruned as stale
             except Exception as e:  # another torch wrote it, or it is damaged: compiled again below, and said
                 say(f"the saved {runner.role}'s step for {size} positions did not load ({type(e).__name__}: "
                     f"{str(e).splitlines()[0][:160] if str(e) else 'no message'}): compiling it again")
@@ -194,6 +195,8 @@ class Precompiled:
             where.mkdir(parents=True, exist_ok=True)
             try:
                 compiled.save_compiled_function(str(path), external_data={"runner": runner})
+                os.utime(where)
+                prune()
             except OSError as e:
                 say(f"could not save the compiled {runner.role}'s step in {where} ({e}): the next run compiles again")
         compiled.disable_guard_check()  # the runner fixes what the guards would check (module docstring)
@@ -219,20 +222,36 @@ def graphs_of(runner) -> dict:
     return _GRAPHS.setdefault(runner, {})
 
 
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A digest of otm's decoder sources (``otm/decode/*.py``): the graphs of another version of them are others."""
+    return source_digest(Path(__file__).parent.glob("*.py"))
+
+
 def folder() -> Path:
+    """Where this version of otm's decoder keeps its graphs: ``precompiled/<code digest>`` in the user cache folder."""
     from .embedded import cache_dir
 
-    return cache_dir() / FOLDER
+    return cache_dir() / FOLDER / code_digest()[:16]
 
 
-def clear() -> int:
-    """Remove every saved graph (``make clean-cache`` and tests); returns how many files were removed."""
-    n = 0
-    for p in folder().glob("*.bin"):
-        os.unlink(p)
-        n += 1
-    return n
+STALE_DAYS = 1.0
+"""The graphs of another version of otm's decoder (another folder under ``precompiled/``) not used for this long are
+removed when a graph is saved: every edit of the decoder's sources starts a new folder (8 MB a target shape)."""
 
 
-__all__ = ["FOLDER", "Precompiled", "clear", "folder", "graphs_of", "key", "merge_same_calls", "options", "same_calls",
-           "source_digest"]
+def prune(now: float | None = None) -> list[Path]:
+    """Remove the folders of other code versions unused for :data:`STALE_DAYS` (a folder's time is set when one of
+    its graphs is loaded or saved); returns them."""
+    here = folder()
+    now = time.time() if now is None else now
+    gone = []
+    for other in here.parent.iterdir() if here.parent.is_dir() else ():
+        if other.is_dir() and other != here and now - other.stat().st_mtime > STALE_DAYS * 86400:
+            shutil.rmtree(other, ignore_errors=True)
+            gone.append(other)
+    return gone
+
+
+__all__ = ["FOLDER", "STALE_DAYS", "Precompiled", "code_digest", "folder", "graphs_of", "key", "merge_same_calls",
+           "options", "prune", "same_calls", "source_digest"]
