@@ -367,7 +367,9 @@ def _demo_decode(args) -> int:
         compile = picked.choice
     # an eager step chosen: the plan compares every eager step here (torch's GEMM, oneDNN's, the GGUF's 4-bit
     # blocks) with the tree, by predicted tokens/s (otm.decode.auto)
-    steps = eager_steps(target) if args.compile == "auto" and compile in EAGER else [compile]
+    # (or the 4-bit blocks compiled ahead of time: their eager twin is weighed on the grid, the winner refined)
+    steps = (eager_steps(target) if args.compile == "auto" and (compile in EAGER or compile in COMPILED.values())
+             else [compile])
     print("measuring the costs and the acceptance by depth ...", flush=True)
     # the winner on the eager 4-bit blocks is timed on their compiled step too (otm.decode.precompile: its graphs
     # compiled once, about 20 s a shape, and loaded by later runs in about a second)

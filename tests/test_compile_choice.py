@@ -33,14 +33,15 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _fake_costs(eager: float, compiled: float, calls: list, onednn: float | None = None, int4: float | None = None):
+def _fake_costs(eager: float, compiled: float, calls: list, onednn: float | None = None, int4: float | None = None,
+                int4_compiled: float | None = None):
     """measure_costs' stand-in: T(n) and d(b) of ``eager`` ms each with compile none, ``onednn`` (default: the
     eager figure) with the linear layers on oneDNN, ``int4`` (default: the eager figure) on the GGUF's 4-bit
-    blocks, ``compiled`` otherwise."""
+    blocks, ``int4_compiled`` (default: the eager figure) on those compiled ahead of time, ``compiled`` otherwise."""
 
     def fake(target, draft, context, sizes, batches, *, compile="none", **kw):
         calls.append(compile)
-        swapped = {"onednn": onednn, "int4": int4}
+        swapped = {"onednn": onednn, "int4": int4, "int4-compiled": int4_compiled}
         ms = (eager if compile == "none" else (eager if swapped[compile] is None else swapped[compile])
               if compile in swapped else compiled)
         return Costs({n: ms for n in sizes}, {b: ms / 10 for b in batches}, len(context))
@@ -142,9 +143,19 @@ def test_the_ggufs_4bit_blocks_are_timed_where_the_target_has_them(cache, monkey
     calls = []
     picked = compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, onednn=70.0, int4=50.0),
                                    k=1, length=2, new_tokens=64)
-    assert picked.choice == "int4" and calls == ["none", "onednn", "int4", "default"]
+    assert picked.choice == "int4" and calls == ["none", "onednn", "int4", "int4-compiled", "default"]
     assert "eager on the GGUF's 4-bit blocks 50.0 ms" in picked.line
     calls.clear()
     assert compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, onednn=70.0, int4=80.0),
                                  k=2, length=2, new_tokens=64).choice == "onednn"
     assert "int4" in calls
+    # the same models compiled ahead of time, faster still: chosen, and named in the line
+    calls.clear()
+    picked = compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, onednn=70.0, int4=50.0,
+                                                                        int4_compiled=40.0), k=2, length=1, new_tokens=64)
+    assert picked.choice == "int4-compiled" and "the 4-bit blocks compiled ahead of time 40.0 ms" in picked.line
+    calls.clear()  # a target without 4-bit blocks: neither is timed
+    monkeypatch.setattr(int4, "available", lambda model: False)
+    compile_choice.choose(t, d, [1, 2, 3], measure=_fake_costs(100.0, 90.0, calls, int4_compiled=10.0), k=2,
+                          length=3, new_tokens=64)
+    assert "int4" not in calls and "int4-compiled" not in calls

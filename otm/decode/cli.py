@@ -320,7 +320,8 @@ def cmd_decode(args) -> int:
     if auto:  # the tree, and (an eager step decided by the machine) how the step runs, by predicted tokens/s
         from .auto import COMPILED, plan
 
-        steps = eager_steps(target) if decided and args.compile in EAGER else [args.compile]
+        twin = decided and args.compile in COMPILED.values()  # compiled ahead of time: its eager twin on the grid
+        steps = eager_steps(target) if decided and (args.compile in EAGER or twin) else [args.compile]
         # a winner on the eager 4-bit blocks is timed on their compiled step too (its graphs saved once, then loaded)
         refine = [COMPILED[s] for s in steps if s in COMPILED] if decided else []
         chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),

@@ -6,7 +6,8 @@ machine: with the eager step (transformers' growing caches), with the eager step
 run on oneDNN's prepacked GEMM (``onednn``, :mod:`otm.decode.onednn`; CPU models in float32, or bfloat16 where
 oneDNN computes it), with the same step whose target computes its block layers on its GGUF's own 4-bit weights
 (``int4``, :mod:`otm.decode.int4`; a bfloat16 target converted from a Q4_0 / Q4_1 GGUF otm knows: the embedded one),
-and with the static-shape step compiled by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on
+with those models in the static step compiled ahead of time (``int4-compiled``, :mod:`otm.decode.precompile`), and
+with the static-shape step compiled by ``torch.compile`` (:mod:`otm.decode.static`; mode ``default`` on
 a CPU: inductor with freezing, ``reduce-overhead`` on a GPU: CUDA graphs). The fastest is chosen when it is
 at least :data:`MARGIN` faster than the eager step; the block efficiency B is the same for all, so the step
 time alone decides.
@@ -41,7 +42,8 @@ MIN_DECODE_SECONDS = 2.0
 
 FILE = "compile_choice.json"
 
-CANDIDATES = "eager, eager on oneDNN (siblings fused), eager on the GGUF's 4-bit blocks, compiled"
+CANDIDATES = ("eager, eager on oneDNN (siblings fused), eager on the GGUF's 4-bit blocks, the same compiled ahead of "
+              "time, compiled")
 """The steps timed against each other (part of the cache key: a decision taken among fewer, or among earlier
 versions of them, is taken again)."""
 
@@ -135,9 +137,14 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
         steps["int4"], t1["int4"] = step(four), four.target(1)
     if out is not None:
         others = {"onednn": " and the eager one on oneDNN", "int4": " and on the GGUF's 4-bit blocks"}
-        out(f"compile auto: timing the compiled step ({mode}; {len(sizes) + len(batches)} shapes compiled once, "
+        ahead = " and the 4-bit blocks' step compiled ahead of time" if "int4" in steps else ""
+        out(f"compile auto: timing the compiled step ({mode}{ahead}; {len(sizes) + len(batches)} shapes compiled once, "
             f"kept in the user cache) against the eager one{''.join(others[c] for c in steps if c in others)} ...")
     start = time.perf_counter()
+    if "int4" in steps:  # the same 4-bit models in the static step compiled ahead of time (otm.decode.precompile)
+        ahead_costs = measure(target, draft, context, sizes, batches, compile="int4-compiled", capacity=capacity,
+                              **common)
+        steps["int4-compiled"], t1["int4-compiled"] = step(ahead_costs), ahead_costs.target(1)
     compiled = measure(target, draft, context, sizes, batches, compile=mode, capacity=capacity, **common)
     seconds = time.perf_counter() - start
     compiled_ms = step(compiled)
@@ -146,7 +153,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     choice = best if steps[best] < (1.0 - MARGIN) * eager_ms else "none"
     shape = f"k={k} L={length}" + (f" delay {delay}" if delay else "") if length else "autoregressive"
     name = {"none": "eager", "onednn": "eager with oneDNN linears", "int4": "eager on the GGUF's 4-bit blocks",
-            mode: f"compiled ({mode})"}
+            "int4-compiled": "the 4-bit blocks compiled ahead of time", mode: f"compiled ({mode})"}
     why = (f"step {shape}: " + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in steps.items()) + "; T(1) "
            + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in t1.items())
            + f"; compiling and timing took {seconds:.0f} s")
