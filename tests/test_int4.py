@@ -296,16 +296,11 @@ def test_a_sibling_called_with_another_input_computes_its_own_columns_and_a_stal
         assert _tv(model(ids2).logits, dense2) > 0.5
 
 
-def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path, monkeypatch):
-    """``--compile int4-compiled``: the static step compiled by inductor (with freezing, as it runs) over the swapped
-    target. Traced, each sibling asks for its group's GEMM and the graph computes it once (4 GEMMs a layer: q/k/v, o,
-    gate/up, down; 7 if the siblings were not merged), the head stays one opaque oneDNN call where oneDNN takes the
-    model, and the next token's logits are the eager swapped model's to bfloat16 rounding."""
-    from torch.profiler import profile
-
-    from otm.decode.onednn import dtypes, use_onednn
+def _swapped_and_eager(tmp_path):
+    """The tiny target swapped onto its 4-bit blocks and oneDNN, a prompt, and the eager swapped model's logits of
+    the next token after it."""
+    from otm.decode.onednn import use_onednn
     from otm.decode.runner import Runner
-    from otm.decode.static import StaticRunner
 
     model, _ = _tiny_target(tmp_path)
     int4.use_int4(model)
@@ -315,14 +310,35 @@ def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path,
     with torch.inference_mode():
         eager = Runner(model, "target")
         eager.feed(prompt)
-        want = eager.forward(*eager.chain([7]))[0, -1]
+        return model, prompt, eager.forward(*eager.chain([7]))[0, -1]
+
+
+def _twice_profiled(runner, prompt):
+    """The next token's logits from ``runner`` (fed ``prompt``) twice, the second call profiled: (first, second,
+    operator counts of the second)."""
+    from torch.profiler import profile
+
+    with torch.inference_mode():
+        got = runner.forward(*runner.chain([7]))[0, -1]
+        runner.truncate(len(prompt))
+        with profile() as p:
+            again = runner.forward(*runner.chain([7]))[0, -1]
+    return got, again, {e.key: e.count for e in p.key_averages()}
+
+
+def test_a_compiled_step_runs_each_groups_gemm_once_to_the_same_logits(tmp_path, monkeypatch):
+    """``--compile int4-compiled``: the static step compiled by inductor (with freezing, as it runs) over the swapped
+    target. Traced, each sibling asks for its group's GEMM and the graph computes it once (4 GEMMs a layer: q/k/v, o,
+    gate/up, down; 7 if the siblings were not merged), the head stays one opaque oneDNN call where oneDNN takes the
+    model, and the next token's logits are the eager swapped model's to bfloat16 rounding."""
+    from otm.decode.onednn import dtypes
+    from otm.decode.static import StaticRunner
+
+    model, prompt, want = _swapped_and_eager(tmp_path)
+    with torch.inference_mode():
         static = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="default", progress=None)
         static.feed(prompt)  # the prompt runs eagerly (larger than every bucket)
-        got = static.forward(*static.chain([7]))[0, -1]  # compiles
-        static.truncate(len(prompt))
-        with profile() as p:
-            again = static.forward(*static.chain([7]))[0, -1]
-    calls = {e.key: e.count for e in p.key_averages()}
+    got, again, calls = _twice_profiled(static, prompt)  # the first call compiles
     assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * len(model.model.layers)
     if torch.bfloat16 in dtypes():
         assert calls.get("otm::packed_linear") == 1  # the head
@@ -372,8 +388,9 @@ print(said.getvalue())
 def _precompiled_runner(model, prompt, said):
     from otm.decode.static import StaticRunner
 
-    runner = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="precompiled", progress=said)
-    runner.feed(prompt)
+    with torch.inference_mode():
+        runner = StaticRunner(model, "target", capacity=64, buckets=(1,), compile="precompiled", progress=said)
+        runner.feed(prompt)
     return runner
 
 
@@ -388,32 +405,16 @@ def test_a_precompiled_step_is_saved_loaded_in_another_process_and_merges_the_si
     import sys
     from pathlib import Path
 
-    from torch.profiler import profile
-
     from otm.decode import precompile
-    from otm.decode.onednn import dtypes, use_onednn
-    from otm.decode.runner import Runner
+    from otm.decode.onednn import dtypes
 
     monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))
-    model, _ = _tiny_target(tmp_path)
-    int4.use_int4(model)
-    use_onednn(model)
-    prompt = [3, 9, 27, 1, 44, 5]
-    torch._dynamo.reset()
-    with torch.inference_mode():
-        eager = Runner(model, "target")
-        eager.feed(prompt)
-        want = eager.forward(*eager.chain([7]))[0, -1]
-        said = io.StringIO()
-        first = _precompiled_runner(model, prompt, said)
-        got = first.forward(*first.chain([7]))[0, -1]  # compiles, saves
-        first.truncate(len(prompt))
-        with profile() as p:
-            again = first.forward(*first.chain([7]))[0, -1]
+    model, prompt, want = _swapped_and_eager(tmp_path)
+    said = io.StringIO()
+    got, again, calls = _twice_profiled(_precompiled_runner(model, prompt, said), prompt)  # compiles, saves
     assert "compiling the target's step for 1 position ahead of time" in said.getvalue()
     saved = sorted(precompile.folder().glob("*.bin"))
     assert len(saved) == 1 and saved[0].name.startswith("target-1-")
-    calls = {e.key: e.count for e in p.key_averages()}
     assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * len(model.model.layers)
     if torch.bfloat16 in dtypes():
         assert calls.get("otm::packed_linear") == 1  # the head
@@ -424,7 +425,7 @@ def test_a_precompiled_step_is_saved_loaded_in_another_process_and_merges_the_si
     out = tmp_path / "logits.pt"
     root = str(Path(__file__).resolve().parents[1])
     run = subprocess.run([sys.executable, "-c", _LOAD_IN_ANOTHER_PROCESS, root, str(tmp_path / "other"), str(out)],
-                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ})
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "loaded the target's step for 1 position" in run.stdout and "compiling" not in run.stdout
     assert torch.equal(torch.load(out), got)
@@ -442,13 +443,7 @@ def test_a_precompiled_step_is_saved_loaded_in_another_process_and_merges_the_si
     monkeypatch.setenv("OTM_CACHE", str(tmp_path / "control"))
     monkeypatch.setattr(precompile, "same_calls", lambda: None)
     torch._dynamo.reset()
-    with torch.inference_mode():
-        control = _precompiled_runner(model, prompt, io.StringIO())
-        control.forward(*control.chain([7]))
-        control.truncate(len(prompt))
-        with profile() as p:
-            control.forward(*control.chain([7]))
-    calls = {e.key: e.count for e in p.key_averages()}
+    _, _, calls = _twice_profiled(_precompiled_runner(model, prompt, io.StringIO()), prompt)
     assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 7 * len(model.model.layers)
 
 
