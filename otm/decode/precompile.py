@@ -35,6 +35,7 @@ after 66 tokens): 10.0 ms a call, against 12.2 ms for the frozen graph under dyn
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -184,16 +185,19 @@ class Precompiled:
                 with open(path, "rb") as f:
                     compiled = torch.compiler.load_compiled_function(f, external_data={"runner": runner})
                 self.loaded = True
-                os.utime(where)  # in use: not pruned as stale
             except Exception as e:  # another torch wrote it, or it is damaged: compiled again below, and said
-                say(f"the saved {runner.role}'s step for {size} positions did not load ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:160] if str(e) else 'no message'}): compiling it again")
+                say(f"the saved {runner.role}'s step for {size} position{'s' if size > 1 else ''} did not load "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no message'}): compiling it "
+                    "again")
+            if self.loaded:
+                with contextlib.suppress(OSError):
+                    os.utime(where)  # in use: not pruned as stale
         if compiled is None:
             say(f"compiling the {runner.role}'s step for {size} position{'s' if size > 1 else ''} ahead of time "
                 f"(once per shape, saved in the user cache folder) ...")
             compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options()).aot_compile((args, kwargs))
-            where.mkdir(parents=True, exist_ok=True)
             try:
+                where.mkdir(parents=True, exist_ok=True)
                 compiled.save_compiled_function(str(path), external_data={"runner": runner})
                 os.utime(where)
                 prune()
