@@ -19,11 +19,13 @@ Three things make the graph one that can be kept:
   identical calls of pure operators after AOTAutograd.
 * **No guards.** A loaded graph's guards would be checked at every call. The runner gives each shape's graph the
   tensors it was built for (shapes, dtypes and standard strides: :mod:`otm.decode.static` builds them), so the
-  graph runs with its guard check off, and :class:`Precompiled` checks the input's shape itself.
+  graph runs with its guard check off, and :class:`Precompiled` checks the input's shape itself; inductor's own
+  size and stride asserts on every input stay on (switched off, a call was no faster within the noise, 10.9 against
+  10.8-11.0 ms).
 
 What is saved is keyed by everything the graph depends on: otm's decoder sources (a folder per version of them,
 :func:`folder`; another version's folder is removed once unused for a day, :func:`prune`), and in the file's name
-(:func:`key`) torch's and transformers' versions, the machine line (CPU, flags, threads: inductor's code is
+(:func:`key`) torch's and transformers' versions, inductor's settings (:func:`options`), the machine line (CPU, flags, threads: inductor's code is
 generated for them), the model's class, configuration, dtype and parameter shapes, the digests that name its
 prepacked oneDNN weights in the graph, and the runner's role, cache capacity, rows and forward size. The weights themselves are inputs, not part
 of the graph. A file that fails to load (another torch, a damaged file) is said in one line and compiled again.
@@ -148,6 +150,7 @@ def key(runner, size: int) -> str:
         "model": type(model).__qualname__, "config": config_text, "dtype": str(runner.dtype),
         "parameters": [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
         "handles": handles,
+        "options": sorted((k, repr(v)) for k, v in options().items() if not callable(v)),  # inductor's settings
         "runner": [type(runner).__qualname__, runner.role, runner.capacity, runner.batch, int(size),
                    bool(getattr(runner, "with_features", False))],
     }
