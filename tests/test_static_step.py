@@ -285,3 +285,25 @@ def test_warm_all_warms_the_runners_of_the_run_s_mode_only(monkeypatch):
     assert warmed == ["precompiled"]
     static.warm_all(target)
     assert sorted(warmed[1:]) == ["default", "precompiled"]
+
+
+def test_a_compiled_target_serves_autoregressive_and_feature_runs_with_one_runner():
+    """Compiled, the target's pooled runner returns its features whether the run needs them or not, so an
+    autoregressive run and a feature draft's run share its graphs (one compilation per shape, not two); an eager
+    forward with ``keep`` computes the head on the kept positions only and leaves every position's features."""
+    target = _llama(0)
+    common = dict(k=1, length=1, refeed=False, capacity=32)
+    plain, _ = static.static_runners(target, None, compile="default", features=False, **common)
+    feats, _ = static.static_runners(target, None, compile="default", features=True, **common)
+    assert plain is feats and plain.with_features
+    eager, _ = static.static_runners(target, None, compile=None, features=False, **common)
+    assert eager is not plain and not eager.with_features  # uncompiled: the plain forward, as before
+    runner = static.StaticRunner(target, "target", capacity=32, with_features=True)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.inference_mode():
+        kept = runner.forward(ids, torch.arange(5)[None], keep=1)
+        features = runner.last_features
+        runner.truncate(0)
+        full = runner.forward(ids, torch.arange(5)[None])
+    assert kept.shape[1] == 1 and full.shape[1] == 5 and features.shape[1] == 5
+    assert torch.allclose(kept[0, -1], full[0, -1], atol=1e-6)

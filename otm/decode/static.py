@@ -235,7 +235,8 @@ class StaticRunner(Runner):
         if self.with_features:  # a feature draft's target: the head's inputs are returned beside the logits
             hidden = self.model.get_decoder()(input_ids=ids, position_ids=positions, attention_mask=mask,
                                               use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
-            return self.model.get_output_embeddings()(hidden), hidden
+            keep = extra.get("logits_to_keep", 0)  # an eager forward's head on the positions asked for only
+            return self.model.get_output_embeddings()(hidden[:, -keep:] if keep else hidden), hidden
         return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                           **{self.cache_kw: self.cache}, **extra).logits
 
@@ -479,8 +480,11 @@ def static_runners(target, draft, *, k: int, length: int, refeed: bool, compile,
     """
     top = buckets_for(k, length, refeed)
     room = capacity_for(int(capacity) + top[-1])
-    t = _pooled(target, ("target", room, compile, features), top, lambda: StaticRunner(
-        target, "target", capacity=room, buckets=top, compile=compile, with_features=features))
+    # compiled, the target always returns its features too (nothing more to compute in the graph), so that an
+    # autoregressive run and a feature draft's run share one graph per shape (one compilation fewer)
+    returns = features or compile is not None
+    t = _pooled(target, ("target", room, compile, returns), top, lambda: StaticRunner(
+        target, "target", capacity=room, buckets=top, compile=compile, with_features=returns))
     if draft is None:
         return t, None
     cls = StaticFeatureRunner if features else StaticRunner
