@@ -168,6 +168,13 @@ def test_static_cache_refuses_a_step_past_its_capacity_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(OtmError, match="compile must be None or one of"):
         static.StaticRunner(target, "target", capacity=16, compile="fast")
+    import otm.decode.runner as runner_module
+
+    with pytest.MonkeyPatch.context() as mp:  # a model on a GPU: the ahead-of-time step is the CPU's
+        mp.setattr(runner_module, "device_and_dtype", lambda model: (torch.device("cuda"), torch.float32))
+        with pytest.raises(OtmError, match="precompiled static step runs on the CPU, not on cuda") as e:
+            static.StaticRunner(target, "target", capacity=16, compile="precompiled")
+    assert "\n" not in str(e.value)
 
 
 def test_cli_decode_and_bench_with_the_static_step(tmp_path, capsys):

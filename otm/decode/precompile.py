@@ -8,7 +8,7 @@ call). torch's ahead-of-time compile (``torch.compile(...).aot_compile``, saved 
 loaded by ``torch.compiler.load_compiled_function``) keeps the traced graph, its compiled code and its bytecode in
 one file: a later process loads a shape in about 2 s and calls it without dynamo.
 
-Three things make the graph one that can be kept:
+Three things make the graph one that can be kept and called fast:
 
 * **No freezing.** inductor's freezing folds the weights into the graph as constants, which the saved artefact
   cannot hold (torch 2.13: ``expected OutputCode``). A swapped model does not need it: its linear layers are
@@ -25,14 +25,16 @@ Three things make the graph one that can be kept:
 
 What is saved is keyed by everything the graph depends on: otm's decoder sources (a folder per version of them,
 :func:`folder`; another version's folder is removed once unused for a day, :func:`prune`), and in the file's name
-(:func:`key`) torch's and transformers' versions, inductor's settings (:func:`options`), the machine line (CPU, flags, threads: inductor's code is
-generated for them), the model's class, configuration, dtype and parameter shapes, the digests that name its
-prepacked oneDNN weights in the graph, and the runner's role, cache capacity, rows and forward size. The weights themselves are inputs, not part
-of the graph. A file that fails to load (another torch, a damaged file) is said in one line and compiled again.
+(:func:`key`) torch's and transformers' versions, inductor's settings (:func:`options`), the machine line (CPU,
+flags, threads: inductor's code is generated for them), the model's class, configuration, dtype and parameter
+shapes, the digests that name its prepacked oneDNN weights in the graph, and the runner's role, cache capacity, rows
+and forward size. The weights themselves are inputs, not part of the graph. A file that fails to load (another
+torch, a damaged file) is said in one line and compiled again.
 
-Measured on the embedded target (the 2-core AMD EPYC, avx512_bf16, torch 2.13.0+cpu, one thread, one position
-after 66 tokens): 10.0 ms a call, against 12.2 ms for the frozen graph under dynamo and 13.4 ms eager on the same
-4-bit blocks; the first compile of a shape 20 s, loading it in a later process 1.9 s (``docs/decode.md``).
+Measured on the embedded target (the 2-core AMD EPYC, avx512_bf16, torch 2.13.0+cpu, one thread; decoder calls on
+one position after 66 tokens, interleaved, ``analysis/int4_compiled_ab.py``): 10.6 ms a call, against 11.9 ms for
+the frozen graph under dynamo and 12.4 ms eager on the same 4-bit blocks; the first compile of a shape 20-24 s,
+loading it in a later process 0.5-2.8 s (``docs/decode.md``, "Compiled ahead of time").
 """
 
 from __future__ import annotations

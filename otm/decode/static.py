@@ -213,11 +213,12 @@ class StaticRunner(Runner):
         super().__init__(model, role)
         self.with_features = with_features
         self.last_features = None
-        if compile is not None and compile not in COMPILE_MODES + (PRECOMPILED,):
-            raise OtmError(f"compile must be None or one of {', '.join(COMPILE_MODES + (PRECOMPILED,))}, got {compile!r}")
+        modes = COMPILE_MODES + (PRECOMPILED,)
+        if compile is not None and compile not in modes:
+            raise OtmError(f"compile must be None or one of {', '.join(modes)}, got {compile!r}")
         if compile == PRECOMPILED and self.device.type != "cpu":
-            raise OtmError(f"the precompiled static step runs on the CPU, not on {self.device}: use a torch.compile mode "
-                           "(reduce-overhead on a GPU)")
+            raise OtmError(f"the precompiled static step runs on the CPU, not on {self.device}: use a torch.compile "
+                           "mode (reduce-overhead on a GPU)")
         self.cache = slot_cache(capacity, batch)
         self.batch, self.capacity = int(batch), int(capacity)
         compiled_cpu = compile is not None and self.device.type == "cpu"
