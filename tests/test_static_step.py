@@ -212,7 +212,7 @@ def test_warm_compiles_every_bucket_once_and_leaves_the_cache_as_it_was(monkeypa
 
 
 def test_a_compiled_cpu_call_runs_eager_attention_and_puts_the_setting_back(monkeypatch):
-    """On the CPU a compiled call runs transformers' eager attention (SDPA's CPU kernel with the static mask was
+    """On the CPU a compiled call runs transformers' eager attention with grouped queries (SDPA's CPU kernel with the static mask was
     slow for one query); the model's own setting is back after the call (the run's eager contenders keep theirs);
     a static step that is not compiled keeps SDPA."""
     monkeypatch.setattr(static.StaticRunner, "_compiled", _traced)
@@ -227,7 +227,7 @@ def test_a_compiled_cpu_call_runs_eager_attention_and_puts_the_setting_back(monk
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention, "forward", spy)
-    for mode, inside in ((None, "sdpa"), ("default", "eager")):
+    for mode, inside in ((None, "sdpa"), ("default", static.GROUPED)):
         seen.clear()
         runner = static.StaticRunner(target, "target", capacity=64, buckets=(1,), compile=mode, progress=None)
         with torch.inference_mode():
@@ -277,7 +277,7 @@ def test_transformers_compiled_generate_runs_eager_attention_as_ours_does(monkey
     monkeypatch.setattr(target, "generate", generate)
     for compile in ("none", "default"):
         bench._hf_generate(target, [1, 2, 3], Sampling(), 2, None, 0, compile=compile)
-    assert seen == [("sdpa", False), ("eager", True)] and target.config._attn_implementation == "sdpa"
+    assert seen == [("sdpa", False), (static.GROUPED, True)] and target.config._attn_implementation == "sdpa"
 
 
 def test_warm_all_warms_the_runners_of_the_run_s_mode_only(monkeypatch):
@@ -314,3 +314,29 @@ def test_a_compiled_target_serves_autoregressive_and_feature_runs_with_one_runne
         full = runner.forward(ids, torch.arange(5)[None])
     assert kept.shape[1] == 1 and full.shape[1] == 5 and features.shape[1] == 5
     assert torch.allclose(kept[0, -1], full[0, -1], atol=1e-6)
+
+
+def test_grouped_attention_is_transformers_eager_attention():
+    """:func:`otm.decode.static.grouped_attention` (each key/value head read once for its group of query heads)
+    gives transformers' ``eager_attention_forward`` exactly in float64, for one and several queries, batch 1 and 2,
+    with a mask; negative control: grouping the query heads the other way round (head j on key/value head j % 3,
+    not j // 3) is caught."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 3
+
+    module = Attention().eval()
+    g = torch.Generator().manual_seed(0)
+    for b, q, S in ((1, 1, 16), (2, 4, 16)):
+        query = torch.randn(b, 9, q, 8, dtype=torch.float64, generator=g)
+        key, value = (torch.randn(b, 3, S, 8, dtype=torch.float64, generator=g) for _ in range(2))
+        mask = torch.zeros(1, 1, q, S + 4, dtype=torch.float64)  # longer than the keys: cut to them
+        mask[..., 5:9] = torch.finfo(torch.float64).min
+        want, want_probs = eager_attention_forward(module, query, key, value, mask[..., :S], 0.3)
+        got, probs = static.grouped_attention(module, query, key, value, mask, 0.3)
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=1e-12)
+        assert torch.allclose(probs, want_probs, rtol=0, atol=1e-12)
+        swapped = query.reshape(b, 3, 3, q, 8).transpose(1, 2).reshape(b, 9, q, 8)  # head j on kv head j % 3
+        wrong, _ = static.grouped_attention(module, swapped, key, value, mask, 0.3)
+        assert (wrong - eager_attention_forward(module, query, key, value, mask[..., :S], 0.3)[0]).abs().max() > 1e-3
