@@ -327,7 +327,7 @@ def _demo_decode(args) -> int:
 
     import torch
 
-    from .decode.auto import COMPILED, plan
+    from .decode.auto import plan, steps_to_weigh, weighs_eager
     from .decode.bench import PROMPTS, best_speculative, encode_prompt, measure_costs, run_bench
     from .decode.draft_vocab import DEFAULT_DRAFT_VOCAB
     from .decode.models import load_pair, resolve_dtype
@@ -353,27 +353,20 @@ def _demo_decode(args) -> int:
     sampling = Sampling()
     ids = encode_prompt(tokenizer, PROMPTS[0])
     compile = args.compile
-    from .decode.onednn import eager_steps
-    from .decode.steps import EAGER
-
     if compile == "auto":
         from .decode.compile_choice import choose
 
         picked = choose(target, draft, ids, measure=measure_costs, k=max(g["ks"]), length=max(g["lengths"]), sampling=sampling,
                         new_tokens=3 * args.prompts * args.max_new_tokens, capacity=len(ids) + args.max_new_tokens,
                         out=print)
-        print(picked.line + ("; the plan then weighs every eager step with the tree" if picked.choice in EAGER else ""),
-              flush=True)
+        print(picked.line + ("; the plan then weighs every eager step with the tree" if weighs_eager(picked.choice)
+                             else ""), flush=True)
         compile = picked.choice
-    # an eager step chosen: the plan compares every eager step here (torch's GEMM, oneDNN's, the GGUF's 4-bit
-    # blocks) with the tree, by predicted tokens/s (otm.decode.auto)
-    # (or the 4-bit blocks compiled ahead of time: their eager twin is weighed on the grid, the winner refined)
-    steps = (eager_steps(target) if args.compile == "auto" and (compile in EAGER or compile in COMPILED.values())
-             else [compile])
+    # an eager step (or the compiled twin of one) chosen: the plan compares every eager step here (torch's GEMM,
+    # oneDNN's, the GGUF's 4-bit blocks) with the tree by predicted tokens/s, and times the winner on its compiled
+    # twin too (otm.decode.auto, otm.decode.precompile)
+    steps, refine = steps_to_weigh(target, compile, args.compile == "auto")
     print("measuring the costs and the acceptance by depth ...", flush=True)
-    # the winner on the eager 4-bit blocks is timed on their compiled step too (otm.decode.precompile: its graphs
-    # compiled once, about 20 s a shape, and loaded by later runs in about a second)
-    refine = [COMPILED[s] for s in steps if s in COMPILED]
     chosen = plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"], sampling=sampling,
                   compiles=steps, refine=refine)
     print(chosen.line(), flush=True)

@@ -674,6 +674,25 @@ def test_auto_plan_weighs_the_compiled_blocks_for_the_winning_tree_only():
     assert not any(c.compile == "int4-compiled" for c in r.candidates)
 
 
+def test_the_steps_a_plan_weighs(monkeypatch):
+    """``steps_to_weigh`` (shared by ``otm demo`` and ``otm decode -k auto``): a decided eager step, or the 4-bit blocks
+    compiled ahead of time, let the plan weigh every eager step this machine has and refine the winner on the
+    compiled blocks; an explicit choice, or a decided dense compiled step, is run as given, nothing refined."""
+    from otm.decode import int4
+    from otm.decode.auto import steps_to_weigh, weighs_eager
+
+    target = tiny_llama(32, V=6, scale=0.5)
+    monkeypatch.setattr(int4, "available", lambda model: model is target)
+    for choice in ("none", "onednn", "int4", "int4-compiled"):
+        steps, refine = steps_to_weigh(target, choice, True)
+        assert steps[0] == "none" and steps[-1] == "int4" and refine == ["int4-compiled"] and weighs_eager(choice)
+        assert steps_to_weigh(target, choice, False) == ([choice], [])
+    assert steps_to_weigh(target, "default", True) == (["default"], []) and not weighs_eager("default")
+    monkeypatch.setattr(int4, "available", lambda model: False)  # no 4-bit blocks: nothing to refine on
+    steps, refine = steps_to_weigh(target, "none", True)
+    assert "int4" not in steps and refine == []
+
+
 def test_auto_plan_counts_the_verifiers_own_time():
     """A verifier that takes 20 ms a call (planted: the same rule, slowed) gets those milliseconds in its
     steps' time between the calls, and a lower predicted speed-up than the same rule at full speed."""

@@ -134,6 +134,27 @@ COMPILED = {"int4": "int4-compiled"}
 weigh for the winning tree only (``refine``)."""
 
 
+def weighs_eager(choice: str) -> bool:
+    """Whether a step the machine decided on (``--compile auto``) leaves the plan to weigh every eager step with the
+    tree: an eager step, or the compiled twin of one (:data:`COMPILED`, whose eager twin stands for it on the grid:
+    compiling every size of the grid would cost minutes)."""
+    from .steps import EAGER
+
+    return choice in EAGER or choice in COMPILED.values()
+
+
+def steps_to_weigh(target, choice: str, decided: bool) -> tuple[list[str], list[str]]:
+    """``(compiles, refine)`` for :func:`plan` on a run whose step is ``choice``: where the machine decided it
+    (``decided``) and :func:`weighs_eager`, every eager step this machine has and the compiled twins of those (the
+    winner is timed on its twin too: a graph per size of that tree only); otherwise the choice alone, as given."""
+    if decided and weighs_eager(choice):
+        from .onednn import eager_steps
+
+        steps = eager_steps(target)
+        return steps, [COMPILED[s] for s in steps if s in COMPILED]
+    return [choice], []
+
+
 def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("kseq",), scheme="iid",
          sampling=None, warmup_tokens: int = 32, seed: int = 0, costs=None, compile: str = "none",
          compiles=None, refine=()) -> DecodePlan:
@@ -206,4 +227,5 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
     return DecodePlan(candidates, t1s[top], acceptance, warmup_tokens, ar_between, ar_rates, t1s)
 
 
-__all__ = ["COMPILED", "Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan"]
+__all__ = ["COMPILED", "Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan",
+           "steps_to_weigh", "weighs_eager"]

@@ -279,9 +279,9 @@ def _choose_compile(args, target, draft, ids, sampling) -> str:
     picked = choose(target, draft, list(ids), measure=measure_costs, k=k if length else 1, length=length, delay=args.delay or 0,
                     sampling=sampling, new_tokens=args.max_new_tokens, capacity=len(ids) + args.max_new_tokens, out=say)
     if picked.measured or args.compile == "auto":
-        from .steps import EAGER
+        from .auto import weighs_eager
 
-        planned = not args.autoregressive and "auto" in (args.k, args.length) and picked.choice in EAGER
+        planned = not args.autoregressive and "auto" in (args.k, args.length) and weighs_eager(picked.choice)
         say(picked.line + ("; the plan then weighs every eager step with the tree" if planned else ""))
     return picked.choice
 
@@ -313,17 +313,13 @@ def cmd_decode(args) -> int:
     decided = args.compile in (None, "auto")
     if decided:
         args.compile = _choose_compile(args, target, draft, ids, sampling)
-    from .onednn import eager_steps, for_choice
-    from .steps import EAGER
+    from .onednn import for_choice
 
     eos = tokenizer.eos_token_id
     if auto:  # the tree, and (an eager step decided by the machine) how the step runs, by predicted tokens/s
-        from .auto import COMPILED, plan
+        from .auto import plan, steps_to_weigh
 
-        twin = decided and args.compile in COMPILED.values()  # compiled ahead of time: its eager twin on the grid
-        steps = eager_steps(target) if decided and (args.compile in EAGER or twin) else [args.compile]
-        # a winner on the eager 4-bit blocks is timed on their compiled step too (its graphs saved once, then loaded)
-        refine = [COMPILED[s] for s in steps if s in COMPILED] if decided else []
+        steps, refine = steps_to_weigh(target, args.compile, decided)  # the winner also timed on a compiled twin
         chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
                       lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
                       scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps, refine=refine)

@@ -98,15 +98,11 @@ def merge_same_calls(graph: torch.fx.Graph) -> int:
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or getattr(node.target, "overloadpacket", None) in _RANDOM:
             continue
+        key = (node.target, _frozen(node.args), _frozen(tuple(sorted(node.kwargs.items()))))  # lists by their items
         try:
-            key = (node.target, node.args, tuple(sorted(node.kwargs.items())))
             hash(key)
-        except TypeError:  # an argument that is a list: compared by its items
-            try:
-                key = (node.target, _frozen(node.args), _frozen(tuple(sorted(node.kwargs.items()))))
-                hash(key)
-            except TypeError:
-                continue
+        except TypeError:  # an argument that cannot be compared
+            continue
         if key in seen:
             node.replace_all_uses_with(seen[key])
             graph.erase_node(node)
@@ -126,6 +122,11 @@ _RANDOM = {getattr(torch.ops.aten, name) for name in ("rand", "rand_like", "rand
                                                       "randint_like", "bernoulli", "multinomial", "normal",
                                                       "uniform", "exponential", "randperm", "native_dropout")
            if hasattr(torch.ops.aten, name)}
+
+
+def positions_text(n: int) -> str:
+    """``1 position``, ``n positions``."""
+    return f"{n} position{'s' if n > 1 else ''}"
 
 
 def source_digest(paths) -> str:
@@ -191,14 +192,14 @@ class Precompiled:
                     compiled = torch.compiler.load_compiled_function(f, external_data={"runner": runner})
                 self.loaded = True
             except Exception as e:  # another torch wrote it, or it is damaged: compiled again below, and said
-                say(f"the saved {runner.role}'s step for {size} position{'s' if size > 1 else ''} did not load "
+                say(f"the saved {runner.role}'s step for {positions_text(size)} did not load "
                     f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no message'}): compiling it "
                     "again")
             if self.loaded:
                 with contextlib.suppress(OSError):
                     os.utime(where)  # in use: not pruned as stale
         if compiled is None:
-            say(f"compiling the {runner.role}'s step for {size} position{'s' if size > 1 else ''} ahead of time "
+            say(f"compiling the {runner.role}'s step for {positions_text(size)} ahead of time "
                 f"(once per shape, saved in the user cache folder) ...")
             compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options()).aot_compile((args, kwargs))
             try:
@@ -211,8 +212,8 @@ class Precompiled:
         compiled.disable_guard_check()  # the runner fixes what the guards would check (module docstring)
         self.compiled = compiled
         self.seconds = time.perf_counter() - start
-        say(f"{'loaded' if self.loaded else 'compiled'} the {runner.role}'s step for {size} "
-            f"position{'s' if size > 1 else ''} in {self.seconds:.1f} s"
+        say(f"{'loaded' if self.loaded else 'compiled'} the {runner.role}'s step for {positions_text(size)} in "
+            f"{self.seconds:.1f} s"
             + (f" ({path.name} from the user cache)" if self.loaded else ""))
 
     def __call__(self, *args, **kwargs):
@@ -263,4 +264,4 @@ def prune(now: float | None = None) -> list[Path]:
 
 
 __all__ = ["FOLDER", "STALE_DAYS", "Precompiled", "code_digest", "folder", "graphs_of", "key", "merge_same_calls",
-           "options", "prune", "same_calls", "source_digest"]
+           "options", "positions_text", "prune", "same_calls", "source_digest"]

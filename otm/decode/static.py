@@ -40,6 +40,7 @@ import weakref
 import torch
 
 from ..laws import OtmError
+from .precompile import Precompiled, graphs_of, positions_text
 from .runner import Runner
 from .steps import PRECOMPILED
 
@@ -351,7 +352,7 @@ class StaticRunner(Runner):
         elif compiled:
             fn = self._compiled(fn)
             if first:
-                self._say(f"compiling the {self.role}'s step for {Q} position{'s' if Q > 1 else ''} "
+                self._say(f"compiling the {self.role}'s step for {positions_text(Q)} "
                           f"(torch.compile, mode {self.mode}; once per shape, cached in the user cache folder) ...")
         start = time.perf_counter()
         with self._attention(compiled):
@@ -374,8 +375,6 @@ class StaticRunner(Runner):
 
     def _precompiled(self, fn, Q: int, args: tuple, kwargs: dict):
         """Bucket ``Q``'s ahead-of-time graph (:mod:`otm.decode.precompile`), loaded or compiled on first use."""
-        from .precompile import Precompiled, graphs_of
-
         graphs = graphs_of(self)  # kept outside the runner: a graph's saved state holds the runner, not its graphs
         graph = graphs.get(Q)
         if graph is None:
