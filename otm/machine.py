@@ -24,6 +24,7 @@ class Machine:
     torch_blas: str | None  # BLAS torch was built with (mkl, openblas, ...)
     numpy_blas: str | None
     threads: int | None  # torch's intra-op threads
+    emulated: str | None = None  # OTM_EMULATED: the machine is emulated (analysis/emulate_avx2.sh), said in the line
 
     @property
     def native_bf16(self) -> bool:
@@ -35,7 +36,7 @@ class Machine:
         return (f"machine: {self.cpu} ({self.cores} CPUs; {flags}; native bfloat16 "
                 f"{'yes' if self.native_bf16 else 'no'}); torch kernels {self.torch_kernels or '?'}, BLAS torch "
                 f"{self.torch_blas or '?'} / numpy {self.numpy_blas or '?'}; {self.threads or '?'} torch threads; "
-                f"{compile_mode}")
+                + (f"emulated: {self.emulated}; " if self.emulated else "") + compile_mode)
 
 
 def _cpuinfo(text: str | None = None) -> tuple[str, tuple[str, ...]]:
@@ -70,7 +71,7 @@ def machine(cpuinfo: str | None = None) -> Machine:
         numpy_blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name")
     except (KeyError, TypeError, AttributeError):  # numpy's config layout is not an API: the line says "?"
         numpy_blas = None
-    return Machine(cpu, cores, flags, kernels, torch_blas, numpy_blas, threads)
+    return Machine(cpu, cores, flags, kernels, torch_blas, numpy_blas, threads, os.environ.get("OTM_EMULATED") or None)
 
 
 __all__ = ["FLAGS", "Machine", "machine"]
