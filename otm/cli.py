@@ -327,7 +327,7 @@ def _demo_decode(args) -> int:
 
     import torch
 
-    from .decode.auto import plan, steps_to_weigh, weighs_eager
+    from .decode.auto import kept_plan, steps_to_weigh, weighs_eager
     from .decode.bench import PROMPTS, best_speculative, encode_prompt, measure_costs, run_bench
     from .decode.draft_vocab import DEFAULT_DRAFT_VOCAB
     from .decode.models import load_pair, resolve_dtype
@@ -366,9 +366,8 @@ def _demo_decode(args) -> int:
     # oneDNN's, the GGUF's 4-bit blocks) with the tree by predicted tokens/s, and times the winner on its compiled
     # twin too (otm.decode.auto, otm.decode.precompile)
     steps, refine = steps_to_weigh(target, compile, args.compile == "auto")
-    print("measuring the costs and the acceptance by depth ...", flush=True)
-    chosen = plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"], sampling=sampling,
-                  compiles=steps, refine=refine)
+    chosen = kept_plan(target, draft, ids, ks=g["ks"], lengths=g["lengths"], verifiers=g["verifiers"],
+                       sampling=sampling, compiles=steps, refine=refine, say=lambda line: print(line, flush=True))
     print(chosen.line(), flush=True)
     compile = chosen.compile
     best = chosen.best

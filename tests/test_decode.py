@@ -571,7 +571,7 @@ def test_a_target_spread_over_cpu_and_disk_gives_the_same_tokens(tmp_path, capsy
         assert len(err.splitlines()) == 1 and "max-memory" in err
 
 
-def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(tmp_path, capsys):
+def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(tmp_path, capsys, monkeypatch):
     """otm.decode.auto: B(L) from the warm-up's acceptance by depth; with free trees (T(n) = T(1)) the deepest,
     widest tree wins; with trees costing n T(1) and draft calls of T(1) nothing beats autoregressive sampling,
     and the line says so with the numbers. The CLI's -k auto --length auto runs and prints its line."""
@@ -602,6 +602,7 @@ def test_auto_plan_chooses_from_costs_and_acceptance_and_says_when_nothing_wins(
     q = plan(target, draft, [2, 3, 4], ks=(1, 2, 4), lengths=(1, 2, 3, 4), costs=dear, warmup_tokens=24)
     assert q.best is None and "no configuration tried is predicted to beat autoregressive" in q.line()
     t_dir, d_dir = _save_pair(tmp_path)
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))  # the plan is kept there (otm.decode.auto.kept_plan)
     models = ["--target", t_dir, "--draft", d_dir, "--no-progress", "--max-new-tokens", "6", "--json"]
     assert main(["decode", "--prompt", "a b c", "-k", "auto", "--length", "auto", *models]) == 0
     captured = capsys.readouterr()
@@ -754,3 +755,38 @@ def test_keep_path_moves_the_path_down_and_leaves_a_path_in_place_as_it_is():
             want = list(range(4)) + path
             for layer, k0, v0 in zip(r.cache.layers, keys, values):
                 assert torch.equal(layer.keys, k0[..., want, :]) and torch.equal(layer.values, v0[..., want, :])
+
+
+def test_a_plan_is_measured_once_and_kept(tmp_path, monkeypatch):
+    """``kept_plan``: measured once per machine, models, prompt and settings, read back later with the line saying
+    when and where; another setting, a retrained draft (same shapes, other weights) or a damaged file measure again;
+    a folder that cannot be written is said in the line."""
+    from otm.decode.auto import PLAN_FILE, kept_plan
+
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))
+    target, draft = tiny_llama(30, V=6, scale=0.5), tiny_llama(31, V=6, scale=0.5)
+    said: list[str] = []
+    settings = dict(ks=(1, 2), lengths=(1, 2), warmup_tokens=8, say=said.append)
+    first = kept_plan(target, draft, [2, 3, 4], **settings)
+    assert len(said) == 1 and said[0].startswith("measuring the costs") and first.kept == ""
+    path = tmp_path / "cache" / PLAN_FILE
+    assert len(json.loads(path.read_text())) == 1
+    again = kept_plan(target, draft, [2, 3, 4], **settings)
+    assert len(said) == 1  # read back: nothing measured, nothing said
+    assert again.candidates == first.candidates and again.t1_by_step == first.t1_by_step
+    assert again.acceptance == first.acceptance and again.ar_tokens_per_second == first.ar_tokens_per_second
+    assert again.best == first.best and again.kept.startswith("measured ") and str(path) in again.line()
+    # what the plan depends on: another setting, prompt or draft is measured again (and kept beside)
+    kept_plan(target, draft, [2, 3, 4], **{**settings, "warmup_tokens": 6})
+    kept_plan(target, draft, [2, 3], **settings)
+    other = tiny_llama(32, V=6, scale=0.5)  # a retrained draft: the same shapes, other weights
+    kept_plan(target, other, [2, 3, 4], **settings)
+    assert len(said) == 4 and len(json.loads(path.read_text())) == 4
+    path.write_text("{ damaged")
+    kept_plan(target, draft, [2, 3, 4], **settings)
+    assert len(said) == 5 and len(json.loads(path.read_text())) == 1
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    monkeypatch.setenv("OTM_CACHE", str(blocked))  # the cache folder is a file: nothing can be kept there
+    unkept = kept_plan(target, draft, [2, 3, 4], **settings)
+    assert len(said) == 6 and unkept.kept.startswith("not kept (") and "not kept (" in unkept.line()

@@ -204,6 +204,12 @@ def test_save_and_load_round_trip(tmp_path):
     ids, feats = torch.tensor([[1, 2, 3]]), torch.randn(1, 3, 16)
     with torch.inference_mode():
         torch.testing.assert_close(loaded(ids, feats).hidden, half.eval()(ids, feats).hidden, atol=1e-6, rtol=0)
+    # the same draft is the same tensors at every load, its unused 1 x H embedding placeholder included (zeros, not
+    # a random draw: a kept plan's key reads every tensor, otm.decode.auto.plan_key)
+    torch.manual_seed(1)
+    again = load_draft(tmp_path / "fd", target)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), again.state_dict().values()))
+    assert not loaded.model.embed_tokens.weight.any()
 
 
 def test_refusals_one_line(tmp_path):

@@ -30,7 +30,9 @@ blocks cut T(1) by a third and leave the draft's calls as they were (``docs/deco
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import time
+from dataclasses import asdict, dataclass, field
 
 from ..laws import OtmError
 
@@ -60,6 +62,7 @@ class DecodePlan:
     ar_between_ms: float = 0.0  # autoregressive sampling's time between its calls, per token
     ar_tokens_per_second: dict = field(default_factory=dict)  # step -> autoregressive sampling's predicted tokens/s
     t1_by_step: dict = field(default_factory=dict)  # step -> T(1) ms
+    kept: str = ""  # where a plan read back from the user cache was measured and kept (said in the line)
 
     @property
     def best(self) -> Candidate | None:
@@ -88,6 +91,8 @@ class DecodePlan:
             steps = (f", on {STEP_NAMES.get(top.compile, top.compile)}, {top.tokens_per_second:.0f} tokens/s; "
                      "autoregressive " + ", ".join(f"{v:.0f} tokens/s on {STEP_NAMES.get(m, m)}"
                                                     for m, v in self.ar_tokens_per_second.items()))
+        if self.kept:
+            why += f"; {self.kept}"
         if self.best is None:
             where = (f" (on {STEP_NAMES.get(self.compile, self.compile)})" if len(self.ar_tokens_per_second) > 1 else "")
             return (f"auto: no configuration tried is predicted to beat autoregressive sampling on this machine (best "
@@ -227,5 +232,106 @@ def plan(target, draft, ids, *, ks=(1, 2, 4), lengths=(1, 2, 3, 4), verifiers=("
     return DecodePlan(candidates, t1s[top], acceptance, warmup_tokens, ar_between, ar_rates, t1s)
 
 
-__all__ = ["COMPILED", "Candidate", "DecodePlan", "ONE_DRAFT", "STEP_NAMES", "block_efficiency", "levels_verified", "one_draft", "plan",
-           "steps_to_weigh", "weighs_eager"]
+PLAN_FILE = "decode_plan.json"
+"""Where :func:`kept_plan` keeps measured plans, in the user cache folder (:func:`otm.decode.embedded.cache_dir`)."""
+
+KEPT_PLANS = 32
+"""The most recent plans kept in :data:`PLAN_FILE` (one per key); older ones are dropped when a plan is added."""
+
+
+def _model_digest(model, h) -> None:
+    """Feed ``h`` what a plan depends on in a model: its class and configuration, and each tensor's name, shape,
+    dtype, device and values (up to 4096 of them, evenly spaced: a retrained model with the same shapes is another)."""
+    if model is None:
+        h.update(b"-")
+        return
+    import torch
+
+    config = getattr(model, "config", None)
+    config_text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    h.update(json.dumps([type(model).__name__, config_text]).encode())
+    for name, t in model.state_dict().items():
+        h.update(json.dumps([name, list(t.shape), str(t.dtype), str(t.device)]).encode())
+        flat = t.detach().reshape(-1)
+        if flat.numel() and not t.is_complex() and t.device.type != "meta":  # meta: offloaded, values elsewhere
+            sample = flat[:: max(1, flat.numel() // 4096)].to("cpu", torch.float64)
+            h.update(sample.numpy().tobytes())
+
+
+def plan_key(target, draft, ids, settings: dict) -> str:
+    """The key of a kept plan: this machine's line (CPU, flags, torch's kernels and BLAS, threads), torch's and
+    transformers' versions, a digest of otm's decoder sources (a changed step has other costs), both models, the
+    warm-up prompt and every setting of :func:`plan` (the grid, the steps weighed, sampling, seed, warm-up)."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    from ..machine import machine
+    from .precompile import code_digest
+
+    models = hashlib.blake2b(digest_size=16)
+    _model_digest(target, models)
+    _model_digest(draft, models)
+    return json.dumps([machine().line(""), torch.__version__, transformers.__version__, code_digest()[:16],
+                       models.hexdigest(), [int(i) for i in ids], {n: repr(v) for n, v in sorted(settings.items())}])
+
+
+def _plan_from(entry: dict) -> DecodePlan:
+    acceptance = {(v, int(k)): list(a) for v, k, a in entry["acceptance"]}
+    return DecodePlan([Candidate(**c) for c in entry["candidates"]], float(entry["t1_ms"]), acceptance,
+                      int(entry["warmup_tokens"]), float(entry["ar_between_ms"]), dict(entry["ar_tokens_per_second"]),
+                      dict(entry["t1_by_step"]))
+
+
+def _plan_entry(p: DecodePlan) -> dict:
+    return {"candidates": [asdict(c) for c in p.candidates], "t1_ms": p.t1_ms,
+            "acceptance": [[v, k, a] for (v, k), a in p.acceptance.items()], "warmup_tokens": p.warmup_tokens,
+            "ar_between_ms": p.ar_between_ms, "ar_tokens_per_second": p.ar_tokens_per_second,
+            "t1_by_step": p.t1_by_step}
+
+
+def kept_plan(target, draft, ids, *, say=None, **settings) -> DecodePlan:
+    """:func:`plan`, measured once per key (:func:`plan_key`) and kept in the user cache folder
+    (:data:`PLAN_FILE`): a later run on the same machine, models, prompt and settings reads the plan back, its
+    line saying when it was measured and where it is kept (delete the file to measure again). A plan that cannot
+    be read back is measured again; one that cannot be kept is said in its line, not raised. ``say``: where to
+    say that the plan is being measured (a progress line; nothing when it is read back)."""
+    from .embedded import cache_dir
+
+    if settings.get("costs") is not None:  # given costs: nothing of this machine's to keep
+        return plan(target, draft, ids, **settings)
+    measuring = "measuring the costs and the acceptance by depth (once; kept in the user cache) ..."
+    path = cache_dir() / PLAN_FILE
+    entry_key = plan_key(target, draft, ids, settings)
+    try:
+        entries = json.loads(path.read_text())
+        entries = entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError):
+        entries = {}
+    known = entries.get(entry_key)
+    if known is not None:
+        try:
+            out = _plan_from(known["plan"])
+            out.kept = f"measured {known['date']}, kept in {path}"
+            return out
+        except (KeyError, TypeError, ValueError):
+            pass  # another layout (or a damaged entry): measured again below
+    if say is not None:
+        say(measuring)
+    out = plan(target, draft, ids, **settings)
+    entries.pop(entry_key, None)
+    entries[entry_key] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plan": _plan_entry(out)}
+    entries = dict(list(entries.items())[-KEPT_PLANS:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)  # whole or not at all
+    except OSError as exc:
+        out.kept = f"not kept ({exc.strerror or exc})"
+    return out
+
+
+__all__ = ["COMPILED", "Candidate", "DecodePlan", "KEPT_PLANS", "ONE_DRAFT", "PLAN_FILE", "STEP_NAMES", "block_efficiency",
+           "kept_plan", "levels_verified", "one_draft", "plan", "plan_key", "steps_to_weigh", "weighs_eager"]

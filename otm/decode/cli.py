@@ -317,12 +317,13 @@ def cmd_decode(args) -> int:
 
     eos = tokenizer.eos_token_id
     if auto:  # the tree, and (an eager step decided by the machine) how the step runs, by predicted tokens/s
-        from .auto import plan, steps_to_weigh
+        from .auto import kept_plan, steps_to_weigh
 
         steps, refine = steps_to_weigh(target, args.compile, decided)  # the winner also timed on a compiled twin
-        chosen = plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
-                      lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
-                      scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps, refine=refine)
+        chosen = kept_plan(target, draft, ids, ks=AUTO_KS if args.k == "auto" else (args.k,),
+                           lengths=AUTO_LENGTHS if args.length == "auto" else (args.length,), verifiers=(args.verifier,),
+                           scheme=scheme, sampling=sampling, seed=args.seed, compiles=steps, refine=refine,
+                           say=None if args.json else lambda line: print(line, file=sys.stderr, flush=True))
         print(chosen.line(), file=sys.stderr, flush=True)
         best = chosen.best
         args.autoregressive = best is None

@@ -84,6 +84,8 @@ class FeatureDraft(torch.nn.Module):
                                     "bos_token_id": None, "eos_token_id": None})
         self.model = LlamaModel(inner)  # its 1 x H token embedding is a placeholder: inputs_embeds always given
         self.model.embed_tokens.weight.requires_grad_(False)
+        with torch.no_grad():  # zeros, not a random draw: the same draft is the same tensors in every process
+            self.model.embed_tokens.weight.zero_()
         # plain attributes, not submodules: the target's tensors are neither saved nor trained here
         self.__dict__["embedding"] = embedding
         self.__dict__["head"] = head
