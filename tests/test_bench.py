@@ -84,5 +84,18 @@ def test_transformers_generate_row_runs_the_same_step():
     compiled = hf_step_options("max-autotune", model, 40)
     assert compiled["compile_config"].mode == "max-autotune" and compiled["compile_config"]._compile_all_devices
     assert compiled["past_key_values"].get_max_length() == HF_CACHE_LEN
+    # beside otm's graphs compiled ahead of time, transformers' row gets the same inductor settings (the siblings'
+    # GEMMs merged by the same pass); equal configs from call to call (transformers compiles again on a new one),
+    # and a pair torch.compile takes (mode or options, not both)
+    from otm.decode.precompile import same_calls
+
+    ahead, again = hf_step_options("int4-compiled", model, 40), hf_step_options("int4-compiled", model, 40)
+    config = ahead["compile_config"]
+    assert config.mode is None and config.options["post_grad_custom_pre_pass"] is same_calls()
+    assert config == again["compile_config"] and config._compile_all_devices
+    import torch
+
+    twice = torch.compile(lambda x: 2 * x, **config.to_dict())
+    assert torch.equal(twice(torch.ones(3)), torch.full((3,), 2.0))
     new, calls, _, _ = _hf_generate(model, [1, 2, 3], Sampling(), 6, None, 0, "static")
     assert new == 6 and calls == 6

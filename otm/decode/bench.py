@@ -155,8 +155,11 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
     by default transformers compiles only on accelerators). The cache (for ``model``, room for ``tokens``,
     rounded up to :data:`HF_CACHE_LEN`) has one shape for every call, so nothing is compiled twice."""
     compile = step_of(compile)  # onednn, int4(-compiled): the models themselves are swapped
+    options = None
     if compile == PRECOMPILED:  # otm's own ahead-of-time graphs: transformers' loop compiles its forward itself
-        compile = "default"
+        from .precompile import inductor_options  # (under dynamo) with the same settings: siblings' GEMMs merged
+
+        compile, options = None, inductor_options()
     if compile == "none":  # generate's loop is eager
         return {}
     from transformers import StaticCache
@@ -167,7 +170,7 @@ def hf_step_options(compile: str, model=None, tokens: int = 0) -> dict:
         return {**cache, "disable_compile": True}
     from transformers import CompileConfig
 
-    config = CompileConfig(fullgraph=False, dynamic=False, mode=compile)
+    config = CompileConfig(fullgraph=False, dynamic=False, mode=compile, options=options)  # torch takes one of the two
     config._compile_all_devices = True  # transformers' switch to compile off accelerators too
     return {**cache, "compile_config": config}
 
@@ -480,7 +483,8 @@ def step_line(compile: str) -> str:
                 "loaded by later runs, called without dynamo's guards), the target's block layers on its GGUF's own 4-bit "
                 "weights, every other linear layer on oneDNN's prepacked GEMM (one opaque call each in the graph), "
                 "transformers' eager attention in the graph; transformers' generate row with its StaticCache compiled by "
-                "torch.compile (mode default, same attention), its assisted row eager")
+                "torch.compile (inductor's defaults, the siblings' GEMMs merged by the same pass, same attention; under dynamo), "
+                "its assisted row eager")
     if compile == "static":
         return "static-shape step, eager kernels (no compilation; transformers' generate row with its StaticCache)"
     return (f"static-shape step compiled by torch.compile (mode {compile}) for otm's rows and transformers' "

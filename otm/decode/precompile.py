@@ -161,11 +161,19 @@ def key(runner, size: int) -> str:
     return f"{runner.role}-{size}-{digest}.bin"
 
 
+def inductor_options() -> dict:
+    """Inductor's settings of otm's compiled graphs: its defaults and the siblings' GEMMs merged (:class:`SameCalls`).
+    Transformers' compiled ``generate`` row in the bench is given them too, so it computes what otm's step computes
+    (``otm.decode.bench.hf_step_options``)."""
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options("default"), "post_grad_custom_pre_pass": same_calls()}
+
+
 def options() -> dict:
     """``torch.compile``'s options for a graph that can be saved: inductor's defaults, no freezing, siblings'
     GEMMs merged (:class:`SameCalls`), and only the guards that can be written down kept (they are not checked)."""
     from torch._dynamo.guards import CheckFunctionManager
-    from torch._inductor import list_mode_options
 
     unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
 
@@ -173,7 +181,7 @@ def options() -> dict:
         return [not (g.is_global or g.guard_type in unsaved or unsaved & set(g.derived_guard_types or ()))
                 for g in entries]
 
-    return {**list_mode_options("default"), "post_grad_custom_pre_pass": same_calls(), "guard_filter_fn": savable}
+    return {**inductor_options(), "guard_filter_fn": savable}
 
 
 class Precompiled:
