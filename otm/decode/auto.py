@@ -297,18 +297,14 @@ def kept_plan(target, draft, ids, *, say=None, **settings) -> DecodePlan:
     line saying when it was measured and where it is kept (delete the file to measure again). A plan that cannot
     be read back is measured again; one that cannot be kept is said in its line, not raised. ``say``: where to
     say that the plan is being measured (a progress line; nothing when it is read back)."""
-    from .embedded import cache_dir
+    from .embedded import cache_dir, read_kept, write_kept
 
     if settings.get("costs") is not None:  # given costs: nothing of this machine's to keep
         return plan(target, draft, ids, **settings)
     measuring = "measuring the costs and the acceptance by depth (once; kept in the user cache) ..."
     path = cache_dir() / PLAN_FILE
     entry_key = plan_key(target, draft, ids, settings)
-    try:
-        entries = json.loads(path.read_text())
-        entries = entries if isinstance(entries, dict) else {}
-    except (OSError, ValueError):
-        entries = {}
+    entries = read_kept(path)
     known = entries.get(entry_key)
     if known is not None:
         try:
@@ -323,13 +319,9 @@ def kept_plan(target, draft, ids, *, say=None, **settings) -> DecodePlan:
     entries.pop(entry_key, None)
     entries[entry_key] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plan": _plan_entry(out)}
     entries = dict(list(entries.items())[-KEPT_PLANS:])
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        tmp.replace(path)  # whole or not at all
-    except OSError as exc:
-        out.kept = f"not kept ({exc.strerror or exc})"
+    failed = write_kept(path, entries)
+    if failed is not None:
+        out.kept = f"not kept ({failed})"
     return out
 
 

