@@ -17,7 +17,7 @@ laws are taken as the decoder takes them (the run's dtype, the draft over its FR
 laws); printed beside them: single-draft acceptance, K-SEQ's, and the target's mass on the draft's k most
 likely tokens (what a deterministic top-k tree, EAGLE-2's, can accept at best).
 
-    PYTHONPATH=. .venv/bin/python analysis/speedup_ceiling.py [--prompts 8] [--tokens 48]
+    PYTHONPATH=. .venv/bin/python analysis/speedup_ceiling.py [--prompts 8] [--tokens 48] [--compile onednn] [--ks 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts of the lab (default 8)")
     ap.add_argument("--tokens", type=int, default=48, help="target-sampled tokens per prompt (default 48)")
-    ap.add_argument("--compile", default="onednn", choices=["none", "onednn", "int4"], help="the step's GEMM (default onednn; int4: the GGUF's 4-bit blocks)")
+    ap.add_argument("--compile", default="onednn", choices=["none", "onednn", "int4", "int4-compiled"],
+                    help="the step (default onednn; int4: the GGUF's 4-bit blocks; int4-compiled: those in the static step "
+                         "compiled ahead of time, each tree size a graph, compiled once)")
+    ap.add_argument("--ks", default="1,2,4,8", help="the k of the table (default 1,2,4,8)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).parent / "lab"))
@@ -86,7 +89,7 @@ def main() -> None:
     print(machine().line(step_line(args.compile)))
     target, draft, tokenizer = load_pair(dtype=dtype, draft_vocab=DEFAULT_DRAFT_VOCAB)
     print(f"embedded pair in {dtype}, draft over its {DEFAULT_DRAFT_VOCAB} most frequent tokens; temperature 1")
-    ks, lengths = (1, 2, 4, 8), (1, 2, 3, 4)
+    ks, lengths = tuple(int(k) for k in args.ks.split(",")), (1, 2, 3, 4)
     start = time.perf_counter()
     acc = acceptances(target, draft, tokenizer, HELD_OUT_PROMPTS[: args.prompts], args.tokens, ks)
     n = len(next(iter(acc.values())))
@@ -96,12 +99,13 @@ def main() -> None:
     for name, v in acc.items():
         boot = np.sort([v[rng.integers(0, len(v), len(v))].mean() for _ in range(400)])
         print(f"  {name:24s} {v.mean():.4f}  ({boot[10]:.4f} .. {boot[389]:.4f})")
-    undo = for_choice(args.compile, target, draft)
+    compiled = args.compile == "int4-compiled"  # measure_costs swaps the models itself for the static step
+    undo = (lambda: None) if compiled else for_choice(args.compile, target, draft)
     try:
         context = tokenizer("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"][:66]
         with torch.inference_mode():
             costs = measure_costs(target, draft, context, sorted({1} | {1 + k * L for k in ks for L in lengths}),
-                                  list(ks), repeats=7)
+                                  list(ks), repeats=7, compile=args.compile if compiled else "none")
     finally:
         undo()
     t1 = costs.target(1)
