@@ -2,8 +2,8 @@
 # PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python analysis/lab/draft_int4_probe.py  (about 1 minute)
 """Depth-1 acceptance of the committed draft against the same draft with its linear layers rounded to 4 bits
 (group 32, asymmetric, round to nearest: what torch's int4 kernel would compute), paired on the same positions;
-and the draft's linear layers' GEMM time dense bf16 (oneDNN via F.linear) vs the int4 kernel at M = 1, 2."""
-import sys, copy, time, numpy as np, torch
+and the draft's linear layers' GEMM time dense bf16 (oneDNN via F.linear) vs the int4 kernel at M = 1."""
+import sys, copy, time, torch
 sys.path.insert(0, "analysis"); sys.path.insert(0, "analysis/lab")
 torch.set_num_threads(1)
 from speedup_ceiling import acceptances
