@@ -30,7 +30,7 @@ from otm.decode.exact_mode import as_vectors, exact_decode_law, law_error, targe
 from otm.decode.toy import ToyLM, model_law
 from otm.laws import OtmError
 from otm.testing import chi2_gof, chi2_power
-from otm.verifiers import kseq, rrs, rrs_without_replacement, speculative
+from otm.verifiers import rrs
 
 ALPHA = 1e-3
 MIN_POWER = 0.99
