@@ -355,7 +355,8 @@ class StaticRunner(Runner):
                 self._say(f"compiling the {self.role}'s step for {positions_text(Q)} "
                           f"(torch.compile, mode {self.mode}; once per shape, cached in the user cache folder) ...")
         start = time.perf_counter()
-        with self._attention(compiled):
+        # a precompiled graph was traced with the grouped attention: nothing to set at each call (hot path)
+        with self._attention(compiled and self.mode != PRECOMPILED):
             out = fn(ids, positions, full.to(self.device), extra, **inputs) if inputs else fn(ids, positions,
                                                                                                full.to(self.device), extra)
         if first:
