@@ -340,3 +340,59 @@ def test_grouped_attention_is_transformers_eager_attention():
         swapped = query.reshape(b, 3, 3, q, 8).transpose(1, 2).reshape(b, 9, q, 8)  # head j on kv head j % 3
         wrong, _ = static.grouped_attention(module, swapped, key, value, mask, 0.3)
         assert (wrong - eager_attention_forward(module, query, key, value, mask[..., :S], 0.3)[0]).abs().max() > 1e-3
+
+
+def test_a_precompiled_step_reads_a_window_of_the_cache_and_compiles_once(tmp_path, monkeypatch):
+    """The precompiled step's attention reads the cache's first ``window(used + padded)`` slots, not all of them (a long
+    run's calls cost what they read): one graph, compiled once, takes every window (its mask's width is dynamic), and
+    its logits before, at and after each window's edge are those of the same graph reading the whole cache (float64,
+    1e-12; both within 1e-5 of the eager model's, whose attention's softmax is float64, not float32). Negative
+    control, the realistic off-by-one: a window that leaves out the call's own slot (counted from the committed slots
+    only) is caught at the edges."""
+    import io
+
+    from otm.decode import precompile
+    from otm.decode.runner import Runner
+
+    monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))
+    model = _llama(7)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 40, (200,), generator=g).tolist()
+    calls_at = [60, 62, 63, 64, 65, 127, 128, 129, 191, 192]  # committed slots before each one-token call
+    widths = []
+    real_call = precompile.Precompiled.__call__
+
+    def recorded(self, *args, **kwargs):
+        widths.append(args[2].shape[-1])
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(precompile.Precompiled, "__call__", recorded)
+    said = io.StringIO()
+
+    def logits(window):
+        monkeypatch.setattr(static, "window", window)
+        widths.clear()
+        out = []
+        with torch.inference_mode():
+            runner = static.StaticRunner(model, "target", capacity=256, buckets=(1,), compile="precompiled",
+                                         progress=said)
+            for used in calls_at:
+                runner.truncate(0)
+                runner.feed(tokens[:used])  # eager (larger than the bucket), through the same cache
+                out.append(runner.forward(*runner.chain([tokens[used]]))[0, -1])
+        return torch.stack(out)
+
+    real = static.window
+    whole = logits(lambda needed, capacity: capacity)
+    assert widths == [256] * len(calls_at)
+    got = logits(real)
+    assert widths == [real(used + 1, 256) for used in calls_at] and sorted(set(widths)) == [64, 128, 192, 256]
+    assert (got - whole).abs().max() < 1e-12
+    assert said.getvalue().count("compiling the target's step for 1 position") == 1  # one graph for every window
+    with torch.inference_mode():
+        for used, row in zip(calls_at, got):
+            eager = Runner(model, "target")
+            eager.feed(tokens[:used])
+            assert (row - eager.forward(*eager.chain([tokens[used]]))[0, -1]).abs().max() < 1e-5
+    off_by_one = logits(lambda needed, capacity: real(needed - 1, capacity))
+    assert (off_by_one - whole).abs().max() > 1e-3

@@ -8,7 +8,7 @@ call). torch's ahead-of-time compile (``torch.compile(...).aot_compile``, saved 
 loaded by ``torch.compiler.load_compiled_function``) keeps the traced graph, its compiled code and its bytecode in
 one file: a later process loads a shape in about 2 s and calls it without dynamo.
 
-Three things make the graph one that can be kept and called fast:
+Four things make the graph one that can be kept and called fast:
 
 * **No freezing.** inductor's freezing folds the weights into the graph as constants, which the saved artefact
   cannot hold (torch 2.13: ``expected OutputCode``). A swapped model does not need it: its linear layers are
@@ -17,6 +17,10 @@ Three things make the graph one that can be kept and called fast:
   its group's GEMM (:class:`otm.decode.int4.Int4Linear`); the frozen graph merged the three identical calls, the
   unfrozen one does not (210 4-bit GEMMs a call instead of 120, 6.1 against 3.8 ms). :class:`SameCalls` merges
   identical calls of pure operators after AOTAutograd.
+* **One graph for every window.** The mask's last dimension, the slots the attention reads
+  (:func:`otm.decode.static.window`), is a dynamic size of the graph (``mark_dynamic``, 2 to the capacity), the rest
+  static: a call after 66 tokens reads 128 slots of a 2560-slot cache, not all of them. Compiling it takes longer
+  (about 40 s a target shape instead of 20-24 on 2 cores; the first, 26 s).
 * **No guards.** A loaded graph's guards would be checked at every call. The runner gives each shape's graph the
   tensors it was built for (shapes, dtypes and standard strides: :mod:`otm.decode.static` builds them), so the
   graph runs with its guard check off, and :class:`Precompiled` checks the input's shape itself; inductor's own
@@ -209,7 +213,8 @@ class Precompiled:
         if compiled is None:
             say(f"compiling the {runner.role}'s step for {positions_text(size)} ahead of time "
                 f"(once per shape, saved in the user cache folder) ...")
-            compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options()).aot_compile((args, kwargs))
+            torch._dynamo.mark_dynamic(args[2], 3, min=2, max=runner.capacity)  # the mask's width: the attention's window
+            compiled = torch.compile(fn, fullgraph=True, dynamic=None, options=options()).aot_compile((args, kwargs))
             try:
                 where.mkdir(parents=True, exist_ok=True)
                 compiled.save_compiled_function(str(path), external_data={"runner": runner})

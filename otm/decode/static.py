@@ -11,7 +11,12 @@ before the call), not after a growing length, so a tree's nodes, padding rows an
 can sit anywhere. What a query sees is decided by the 4D additive mask alone: the committed context,
 its own tree ancestors, itself. Slots past the committed length hold stale keys of rejected branches
 and of padding: the mask hides them (a mask that did not is the planted bug of
-``tests/test_static_step.py``).
+``tests/test_static_step.py``). A precompiled call (``int4-compiled``) reads a *window* of the cache, its first
+:func:`window` slots (what is committed and the call's own, rounded up to 64), through a mask that wide: one graph
+takes every window (the mask's width is a dynamic size in it), so a call costs what it reads, not what a long run's
+cache holds; that runner keeps its keys and values in float32 for a bfloat16 model (torch's bfloat16 batched matmul
+copies a window of the cache before reading it; the float32 one reads it in place) and one spare slot (every window
+a strict part of the cache, so the graph is not specialised on a window that is all of it).
 
 **The shapes** (:class:`StaticRunner`): a forward of q tokens is padded to the smallest *bucket*
 Q >= q (by default 1 and the largest tree of the run, so two graphs per model). Padding rows come
@@ -71,9 +76,10 @@ class SlotCache:
     """
 
 
-def slot_cache(capacity: int, batch: int):
-    """A fresh :class:`SlotCache` of ``capacity`` positions for ``batch`` rows."""
-    return _slot_cache_class()(capacity, batch)
+def slot_cache(capacity: int, batch: int, dtype: torch.dtype | None = None):
+    """A fresh :class:`SlotCache` of ``capacity`` positions for ``batch`` rows, holding keys and values in ``dtype``
+    (default: the model's keys')."""
+    return _slot_cache_class()(capacity, batch, dtype)
 
 
 _CLASS = None
@@ -85,9 +91,9 @@ def _slot_cache_class():
         return _CLASS
 
     class _SlotCache(_cache_base(), SlotCache):  # named at module level below: a saved graph's state refers to it
-        def __init__(self, capacity: int, batch: int):
+        def __init__(self, capacity: int, batch: int, dtype: torch.dtype | None = None):
             super().__init__(layers=[])
-            self.capacity, self.batch = int(capacity), int(batch)
+            self.capacity, self.batch, self.dtype = int(capacity), int(batch), dtype
             self.keys: list[torch.Tensor] = []
             self.values: list[torch.Tensor] = []
             self.slots: torch.Tensor | None = None
@@ -97,9 +103,9 @@ def _slot_cache_class():
             if layer_idx == len(self.keys):  # first forward: allocate this layer
                 b, h, _, d = key_states.shape
                 shape = (self.batch, h, self.capacity, d)
-                self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=key_states.device))
+                self.keys.append(torch.zeros(shape, dtype=self.dtype or key_states.dtype, device=key_states.device))
                 self.values.append(torch.zeros((self.batch, h, self.capacity, value_states.shape[-1]),
-                                               dtype=value_states.dtype, device=value_states.device))
+                                               dtype=self.dtype or value_states.dtype, device=value_states.device))
                 if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may then keep them
                     torch._dynamo.mark_static_address(self.keys[-1])
                     torch._dynamo.mark_static_address(self.values[-1])
@@ -192,15 +198,18 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     ``query [b, h, q, d]``, ``key`` and ``value [b, h_kv, S, d]``, ``attention_mask`` additive ``[b or 1, 1, q, >= S]``;
     returns ``([b, q, h, d], [b, h, q, S])`` as transformers' function does."""
     b, h, q, d = query.shape
+    if attention_mask is not None:  # a mask narrower than the cache: a window, its first slots (:func:`window`)
+        key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
     kv, S = key.shape[1], key.shape[2]
     g = h // kv  # query head j reads key/value head j // g (repeat_kv's order)
-    scores = torch.matmul(query.reshape(b, kv, g * q, d), key.transpose(2, 3)) * scaling  # [b, kv, g q, S]
+    wide = key.dtype  # the cache's: the query's, or float32 keys and values for a narrower query (computed in float32)
+    scores = torch.matmul(query.reshape(b, kv, g * q, d).to(wide), key.transpose(2, 3)) * scaling  # [b, kv, g q, S]
     if attention_mask is not None:
-        scores = (scores.view(b, kv, g, q, S) + attention_mask[:, :, None, :, :S]).view(b, kv, g * q, S)
-    probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        scores = (scores.view(b, kv, g, q, S) + attention_mask[:, :, None, :, :S].to(wide)).view(b, kv, g * q, S)
+    probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(wide)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs, value)  # [b, kv, g q, d]
-    return out.view(b, h, q, d).transpose(1, 2).contiguous(), probs.view(b, h, q, S)
+    out = torch.matmul(probs.to(value.dtype), value).to(query.dtype)  # [b, kv, g q, d]
+    return out.view(b, h, q, d).transpose(1, 2).contiguous(), probs.to(query.dtype).view(b, h, q, S)
 
 
 _REGISTERED = False
@@ -263,7 +272,11 @@ class StaticRunner(Runner):
         if compile == PRECOMPILED and self.device.type != "cpu":
             raise OtmError(f"the precompiled static step runs on the CPU, not on {self.device}: use a torch.compile "
                            "mode (reduce-overhead on a GPU)")
-        self.cache = slot_cache(capacity, batch)
+        # precompiled: one slot more than the calls use, so that every window is a strict part of the cache (a graph
+        # traced on a window that is the whole cache would be specialised on its being contiguous)
+        # float32 keys and values, where the model's are narrower: see grouped_attention
+        wide = torch.float32 if compile == PRECOMPILED and self.dtype in (torch.bfloat16, torch.float16) else None
+        self.cache = slot_cache(capacity + (1 if compile == PRECOMPILED else 0), batch, wide)
         self.batch, self.capacity = int(batch), int(capacity)
         compiled_cpu = compile is not None and self.device.type == "cpu"
         self.min_q = -(-MIN_ROWS // self.batch) if compiled_cpu else 1
@@ -325,12 +338,16 @@ class StaticRunner(Runner):
             raise OtmError(f"the static {self.role} cache holds {self.capacity} positions and this step needs "
                            f"{used + padded}: give a larger max_cache or fewer new tokens")
         pad = padded - q
-        allowed = torch.zeros((padded, self.capacity), dtype=torch.bool)
-        allowed[pad:] = self.visible(used, q, mask)
+        compiled = Q is not None and self.mode is not None
+        slots = self.cache.capacity  # the cache's length (a precompiled runner's has a spare slot, never visible)
+        width = window(used + padded, self.capacity) if compiled and self.mode == PRECOMPILED else slots
+        allowed = torch.zeros((padded, slots), dtype=torch.bool)
+        allowed[pad:, : self.capacity] = self.visible(used, q, mask)
         real = torch.arange(used, used + q)
         scratch = torch.arange(used + q, used + padded)
         allowed[torch.arange(pad), scratch] = True  # a padding row sees its own slot only
-        full = torch.zeros((1, 1, padded, self.capacity), dtype=self.dtype)
+        allowed = allowed[:, :width]
+        full = torch.zeros((1, 1, padded, width), dtype=self.dtype)
         full[0, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
         if pad:
             ids = torch.cat([ids.new_zeros((self.batch, pad)), ids], 1)
@@ -341,7 +358,6 @@ class StaticRunner(Runner):
         ids, positions = _fresh(ids), _fresh(positions)
         inputs = {n: _fresh(x) for n, x in inputs.items()}
         self.cache.slots = torch.cat([scratch, real]).to(self.device)
-        compiled = Q is not None and self.mode is not None
         # a compiled graph is specialised on every Python value: all logits are kept, so one graph per bucket
         extra = {"logits_to_keep": keep} if keep and self.keeps_logits and not compiled and not inputs else {}
         fn = self._call_inputs if inputs else self._call
@@ -355,8 +371,9 @@ class StaticRunner(Runner):
                 self._say(f"compiling the {self.role}'s step for {positions_text(Q)} "
                           f"(torch.compile, mode {self.mode}; once per shape, cached in the user cache folder) ...")
         start = time.perf_counter()
-        # a precompiled graph was traced with the grouped attention: nothing to set at each call (hot path)
-        with self._attention(compiled and self.mode != PRECOMPILED):
+        # a precompiled graph was traced with the grouped attention: nothing to set at each call (hot path); the eager
+        # calls of a precompiled runner run it too (the cache's float32 keys are read by it only)
+        with self._attention(compiled != (self.mode == PRECOMPILED)):
             out = fn(ids, positions, full.to(self.device), extra, **inputs) if inputs else fn(ids, positions,
                                                                                                full.to(self.device), extra)
         if first:
@@ -507,6 +524,17 @@ def warm_all(*models, mode=None) -> None:
         for runner in (_POOL or {}).get(model, {}).values():
             if mode is None or runner.mode == mode:
                 runner.warm()
+
+
+WINDOW = 64
+"""The precompiled step's attention reads the cache's first slots only, a multiple of this many (:func:`window`)."""
+
+
+def window(needed: int, capacity: int) -> int:
+    """The slots a precompiled call's attention reads: the ``needed`` ones (committed, the call's own) rounded up to a
+    multiple of :data:`WINDOW`, at most ``capacity``. One graph takes every window (the mask's last dimension is
+    dynamic in it: :mod:`otm.decode.precompile`), so a long run's calls cost what they read, not what the cache holds."""
+    return min(int(capacity), -(-int(needed) // WINDOW) * WINDOW)
 
 
 def capacity_for(positions: int) -> int:
