@@ -18,9 +18,10 @@ Four things make the graph one that can be kept and called fast:
   unfrozen one does not (210 4-bit GEMMs a call instead of 120, 6.1 against 3.8 ms). :class:`SameCalls` merges
   identical calls of pure operators after AOTAutograd.
 * **One graph for every window.** The mask's last dimension, the slots the attention reads
-  (:func:`otm.decode.static.window`), is a dynamic size of the graph (``mark_dynamic``, 2 to the capacity), the rest
-  static: a call after 66 tokens reads 128 slots of a 2560-slot cache, not all of them. Compiling it takes longer
-  (about 40 s a target shape instead of 20-24 on 2 cores; the first, 26 s).
+  (:func:`otm.decode.static.window`), is a dynamic size of the graph (``mark_dynamic``, 2 to the capacity), every
+  other size static (``dynamic=False``: with dynamo's default, a second shape of the same function had its positions
+  made dynamic too, 40-54 s to compile and slower calls): a call after 66 tokens reads 128 slots of a 2560-slot
+  cache, not all of them. Compiling takes a little longer, 26-28 s a target shape instead of 20-24 on 2 cores.
 * **No guards.** A loaded graph's guards would be checked at every call. The runner gives each shape's graph the
   tensors it was built for (shapes, dtypes and standard strides: :mod:`otm.decode.static` builds them), so the
   graph runs with its guard check off, and :class:`Precompiled` checks the input's shape itself; inductor's own
@@ -214,7 +215,7 @@ class Precompiled:
             say(f"compiling the {runner.role}'s step for {positions_text(size)} ahead of time "
                 f"(once per shape, saved in the user cache folder) ...")
             torch._dynamo.mark_dynamic(args[2], 3, min=2, max=runner.capacity)  # the mask's width: the attention's window
-            compiled = torch.compile(fn, fullgraph=True, dynamic=None, options=options()).aot_compile((args, kwargs))
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options()).aot_compile((args, kwargs))
             try:
                 where.mkdir(parents=True, exist_ok=True)
                 compiled.save_compiled_function(str(path), external_data={"runner": runner})
