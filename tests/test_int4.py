@@ -416,7 +416,10 @@ def test_a_precompiled_step_is_saved_loaded_in_another_process_and_merges_the_si
     monkeypatch.setenv("OTM_CACHE", str(tmp_path / "cache"))
     model, prompt, want = _swapped_and_eager(tmp_path)
     said = io.StringIO()
-    got, again, calls = _twice_profiled(_precompiled_runner(model, prompt, said), prompt)  # compiles, saves
+    runner = _precompiled_runner(model, prompt, said)
+    got, again, calls = _twice_profiled(runner, prompt)  # compiles, saves
+    keys = runner.cache.keys[0]  # float32 keys for the bfloat16 model, one spare slot past the capacity (64)
+    assert keys.dtype == torch.float32 and keys.shape[2] == 65
     assert "compiling the target's step for 1 position ahead of time" in said.getvalue()
     saved = sorted(precompile.folder().glob("*.bin"))
     assert len(saved) == 1 and saved[0].name.startswith("target-1-")

@@ -195,8 +195,11 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
     10.09 ms with 512 cache slots (the static step's capacity for runs up to 448 positions), 9.37 -> 9.60 ms with 256
     (where the copies cost less than the grouped layout's extra work).
 
-    ``query [b, h, q, d]``, ``key`` and ``value [b, h_kv, S, d]``, ``attention_mask`` additive ``[b or 1, 1, q, >= S]``;
-    returns ``([b, q, h, d], [b, h, q, S])`` as transformers' function does."""
+    ``query [b, h, q, d]``, ``key`` and ``value [b, h_kv, S, d]``, ``attention_mask`` additive ``[b or 1, 1, q, W]``: a
+    mask longer than the keys is cut to them, a shorter one is a window (the keys and values past W are not read:
+    :func:`window`); returns ``([b, q, h, d], [b, h, q, min(S, W)])`` as transformers' function does. Keys and values
+    wider than the query (the float32 cache of a precompiled bfloat16 model) are computed with in their dtype, the
+    output returned in the query's."""
     b, h, q, d = query.shape
     if attention_mask is not None:  # a mask narrower than the cache: a window, its first slots (:func:`window`)
         key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
