@@ -44,6 +44,21 @@ def interleaved_calls(runners: dict, context: list[int], sizes, rounds: int) -> 
     return times
 
 
+def swapped_target(what: str, context: int):
+    """The embedded target in bfloat16 on its GGUF's 4-bit blocks (the models of ``--compile int4-compiled``) and a
+    context of ``context`` token ids, after printing the machine line with ``what``; freed memory kept."""
+    from otm.decode.allocator import keep_freed_memory
+    from otm.decode.models import load_pair
+    from otm.decode.onednn import for_choice
+    from otm.machine import machine
+
+    keep_freed_memory()
+    print(machine().line(what))
+    target, _, tok = load_pair(dtype="bfloat16")
+    for_choice("int4-compiled", target)
+    return target, tok("The quick brown fox jumps over the lazy dog. " * 400)["input_ids"][:context]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from analysis.int4_ab import interleaved_calls
+from analysis.int4_ab import interleaved_calls, swapped_target
 
 SIZES = (1, 2, 3, 5)
 
@@ -30,18 +30,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=25, help="interleaved rounds; the first 3 are not counted")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from otm.decode.allocator import keep_freed_memory
-    from otm.decode.models import load_pair
-    from otm.decode.onednn import for_choice
     from otm.decode.runner import Runner
     from otm.decode.static import StaticRunner
-    from otm.machine import machine
 
-    keep_freed_memory()
-    print(machine().line("the GGUF's 4-bit blocks, eager against the compiled static step"))
-    target, _, tok = load_pair(dtype="bfloat16")
-    for_choice("int4-compiled", target)
-    context = tok("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"][: args.context]
+    target, context = swapped_target("the GGUF's 4-bit blocks, eager against the compiled static step", args.context)
     with torch.inference_mode():
         runners = {"eager": Runner(target, "target"),
                    "compiled": StaticRunner(target, "target", capacity=512, buckets=SIZES, compile="default"),

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from analysis.int4_ab import interleaved_calls
+from analysis.int4_ab import interleaved_calls, swapped_target
 
 
 class Windowed:
@@ -53,18 +53,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     import otm.decode.static as static
-    from otm.decode.allocator import keep_freed_memory
-    from otm.decode.models import load_pair
-    from otm.decode.onednn import for_choice
     from otm.decode.static import StaticRunner
-    from otm.machine import machine
 
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    keep_freed_memory()
-    print(machine().line("the GGUF's 4-bit blocks compiled ahead of time"))
-    target, _, tok = load_pair(dtype="bfloat16")
-    for_choice("int4-compiled", target)
-    context = tok("The quick brown fox jumps over the lazy dog. " * 400)["input_ids"][: args.context]
+    target, context = swapped_target("the GGUF's 4-bit blocks compiled ahead of time", args.context)
     with torch.inference_mode():
         runner = StaticRunner(target, "target", capacity=args.capacity, buckets=sizes, compile="precompiled")
         runner.feed(context[:-1])
