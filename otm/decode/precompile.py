@@ -38,7 +38,7 @@ torch, a damaged file) is said in one line and compiled again.
 
 Measured on the embedded target (the 2-core AMD EPYC, avx512_bf16, torch 2.13.0+cpu, one thread; decoder calls on
 one position after 66 tokens, interleaved, ``analysis/int4_compiled_ab.py``): 10.6 ms a call, against 11.9 ms for
-the frozen graph under dynamo and 12.4 ms eager on the same 4-bit blocks; the first compile of a shape 20-24 s,
+the frozen graph under dynamo and 12.4 ms eager on the same 4-bit blocks; the first compile of a shape 20-24 s (26-28 s with the window),
 loading it in a later process 0.5-2.8 s (``docs/decode.md``, "Compiled ahead of time").
 """
 
