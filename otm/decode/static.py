@@ -211,7 +211,7 @@ def grouped_attention(module, query, key, value, attention_mask, scaling, dropou
         scores = (scores.view(b, kv, g, q, S) + attention_mask[:, :, None, :, :S].to(wide)).view(b, kv, g * q, S)
     probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(wide)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs.to(value.dtype), value).to(query.dtype)  # [b, kv, g q, d]
+    out = torch.matmul(probs, value).to(query.dtype)  # [b, kv, g q, d]
     return out.view(b, h, q, d).transpose(1, 2).contiguous(), probs.to(query.dtype).view(b, h, q, S)
 
 
@@ -342,14 +342,14 @@ class StaticRunner(Runner):
                            f"{used + padded}: give a larger max_cache or fewer new tokens")
         pad = padded - q
         compiled = Q is not None and self.mode is not None
-        slots = self.cache.capacity  # the cache's length (a precompiled runner's has a spare slot, never visible)
-        width = window(used + padded, self.capacity) if compiled and self.mode == PRECOMPILED else slots
-        allowed = torch.zeros((padded, slots), dtype=torch.bool)
-        allowed[pad:, : self.capacity] = self.visible(used, q, mask)
+        # the slots the attention reads: a window of them (precompiled), else the cache's length (a precompiled
+        # runner's eager calls: its spare slot too, never visible)
+        width = window(used + padded, self.capacity) if compiled and self.mode == PRECOMPILED else self.cache.capacity
+        allowed = torch.zeros((padded, width), dtype=torch.bool)
+        allowed[pad:] = self.visible(used, q, mask, width)
         real = torch.arange(used, used + q)
         scratch = torch.arange(used + q, used + padded)
         allowed[torch.arange(pad), scratch] = True  # a padding row sees its own slot only
-        allowed = allowed[:, :width]
         full = torch.zeros((1, 1, padded, width), dtype=self.dtype)
         full[0, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
         if pad:
@@ -414,15 +414,18 @@ class StaticRunner(Runner):
     def _attention_configs(self) -> tuple:
         return attention_configs(self.model)
 
-    def visible(self, used: int, q: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """``[q, capacity]`` bool: the slots each of the q new tokens may attend to -- the committed
-        context and, among the q, itself and what ``mask`` allows (causal when None); never a slot at or
-        past ``used + q``, which holds stale keys of rejected branches and of padding."""
-        out = torch.zeros((q, self.capacity), dtype=torch.bool)
+    def visible(self, used: int, q: int, mask: torch.Tensor | None, width: int | None = None) -> torch.Tensor:
+        """``[q, width]`` bool (default width: the capacity): the slots each of the q new tokens may attend to -- the
+        committed context and, among the q, itself and what ``mask`` allows (causal when None); never a slot at or
+        past ``used + q``, which holds stale keys of rejected branches and of padding. A width under ``used + q`` (a
+        window too narrow: never the decoder's) cuts the slots past it, as a mask that wide would."""
+        width = self.capacity if width is None else width
+        out = torch.zeros((q, width), dtype=torch.bool)
+        n = min(used + q, width)
         if mask is None:
-            out[:, : used + q] = torch.ones(q, used + q, dtype=torch.bool).tril(used)
+            out[:, :n] = torch.ones(q, used + q, dtype=torch.bool).tril(used)[:, :n]
         else:
-            out[:, : used + q] = mask[0, 0].to("cpu") == 0
+            out[:, :n] = (mask[0, 0].to("cpu") == 0)[:, :n]
         return out
 
     def _say(self, text: str) -> None:
