@@ -13,7 +13,7 @@ Prints T(M) in ms and in units of T(1), fastest of ``--rounds`` interleaved roun
 graph constants (freezing), which the ahead-of-time step (``otm/decode/precompile.py``) cannot save; this measures
 whether they would be worth it. One thread:
 
-    OMP_NUM_THREADS=1 .venv/bin/python analysis/int4_kernels.py --mode eager|autotune [--rows 1,2,3,5,9,17]
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python analysis/int4_kernels.py --mode eager|autotune [--rows 1,2,3,5,9,17]
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = [int(m) for m in args.rows.split(",")]
     model = Blocks(args.layers).eval()
+    if args.mode == "autotune":
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True
+        inductor.max_autotune = True
+        inductor.max_autotune_gemm_backends = "CPP,ATEN"
     calls = {}
     with torch.no_grad():
         for m in rows:
@@ -78,11 +84,6 @@ def main() -> None:
             if args.mode == "eager":
                 calls[m] = model
                 continue
-            import torch._inductor.config as inductor
-
-            inductor.freezing = True
-            inductor.max_autotune = True
-            inductor.max_autotune_gemm_backends = "CPP,ATEN"
             torch._dynamo.reset()
             t0 = time.perf_counter()
             calls[m] = torch.compile(model, dynamic=False)
@@ -95,11 +96,10 @@ def main() -> None:
                 t0 = time.perf_counter()
                 calls[m](x)
                 best[m] = min(best[m], time.perf_counter() - t0)
-    flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split() if __import__("os").path.exists(
-        "/proc/cpuinfo") else []
-    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
-    print(f"{args.mode}: {args.layers} layers' 4-bit GEMMs, bfloat16 rows, one thread, fastest of {args.rounds} "
-          f"rounds; torch {torch.__version__}; flags {isa}")
+    from otm.machine import machine
+
+    print(machine().line(f"{args.mode}: {args.layers} layers' 4-bit GEMMs, bfloat16 rows, fastest of {args.rounds} "
+                         f"rounds, torch {torch.__version__}"))
     for m in rows:
         print(f"  T({m}) {best[m] * 1e3:7.2f} ms  {best[m] / best[rows[0]]:5.2f} T({rows[0]})")
 

@@ -54,6 +54,9 @@ def main() -> None:
     autoregressive(0, 4)
     if args.compile not in EAGER + ("static",):
         warm_all(target, draft, mode=step_of(args.compile))
+    from otm.machine import machine
+
+    print(machine().line(f"--compile {args.compile}"))
     print(f"embedded pair, bfloat16 where native, draft over 4096 tokens, --compile {args.compile}, one thread; "
           f"{args.prompts} prompts x {args.max_new_tokens} tokens, the second of two runs")
     for name, run in (("autoregressive", autoregressive), (f"{args.verifier} k={args.k} L={args.length}", speculative)):

@@ -422,8 +422,8 @@ class StaticRunner(Runner):
         width = self.capacity if width is None else width
         out = torch.zeros((q, width), dtype=torch.bool)
         n = min(used + q, width)
-        if mask is None:
-            out[:, :n] = torch.ones(q, used + q, dtype=torch.bool).tril(used)[:, :n]
+        if mask is None:  # token i sees slot j <= used + i: the same rule at any width, so built n wide
+            out[:, :n] = torch.ones(q, n, dtype=torch.bool).tril(used)
         else:
             out[:, :n] = (mask[0, 0].to("cpu") == 0)[:, :n]
         return out
